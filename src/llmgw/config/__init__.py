@@ -1,0 +1,1 @@
+"""Configuration files into frozen attrs classes, with errors that name file, key and value."""

@@ -1,0 +1,91 @@
+"""The agent's configuration (conf/agent.yaml). Shapes only here; loading in load_agent.py.
+
+Durations are float seconds once loaded; files say `500ms`, `5s`, `1m`.
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+
+@frozen
+class KeysConfig:
+    secret_key: str  # this node's secret key file (`llmgw keys issue node` wrote it)
+    server_key: str  # the server's public key file
+
+
+@frozen
+class FabricConfig:
+    name: str
+    hcas: tuple[str, ...]
+    rate_gbps: float = 0.0  # 0: not stated, nothing to compare
+
+
+@frozen
+class DiscoveryConfig:
+    nvidia_smi: str = ""  # empty: look it up on PATH
+    ib_root: str = "/sys/class/infiniband"
+    prefer_nvml: bool = True
+    skip_gpus: bool = False
+    # How often discovery runs again after start (seconds).
+    interval: float = 60.0
+
+
+@frozen
+class ModelDirConfig:
+    path: str
+    shared: bool | None = None  # None: detect from /proc/self/mountinfo
+    store: str = ""  # operator-given store name; overrides the mount source
+
+
+@frozen
+class VllmConfig:
+    bin: str = "vllm"
+    launch_mode: str = "ray"  # "ray" or "mp"
+    ray_bin: str = "ray"
+
+
+@frozen
+class SglangConfig:
+    python: str = "python3"
+
+
+@frozen
+class EnginesConfig:
+    vllm: VllmConfig = VllmConfig()
+    sglang: SglangConfig = SglangConfig()
+    # The simulated engine: python interpreter used for `-m llmgw.simengine`.
+    # Empty: the interpreter running the agent.
+    simulated_python: str = ""
+
+
+@frozen
+class SupervisorConfig:
+    work_dir: str = "/var/lib/llmgw-agent"
+    log_lines: int = 512
+    stop_timeout: float = 60.0
+    health_interval: float = 2.0
+    log_max_bytes: int = 64 * 1024 * 1024  # rotate engine.log past this size
+
+
+@frozen
+class AgentConfig:
+    node_id: str
+    server: str  # tcp://host:port
+    keys: KeysConfig
+    mgmt_addr: str
+    mgmt_interface: str = ""
+    labels: dict[str, str] = field(factory=dict)
+    heartbeat_interval: float = 5.0
+    reconnect_base: float = 1.0
+    reconnect_max: float = 30.0
+    fabrics: tuple[FabricConfig, ...] = ()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    # None: never asked to look. An empty tuple cannot be written (it is an error).
+    model_dirs: tuple[ModelDirConfig, ...] | None = None
+    engines: EnginesConfig = EnginesConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    # Inclusive range the server assigns this node's engine and rendezvous ports from.
+    port_range: tuple[int, int] = (20000, 29999)
+    # Where the config was read from, for messages.
+    source: str = ""

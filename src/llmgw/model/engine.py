@@ -1,0 +1,70 @@
+"""Engine specs (what the server wants run) and engine reports (what the agent runs)."""
+
+from __future__ import annotations
+
+import enum
+
+from attrs import field, frozen
+
+
+class EngineKind(enum.StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    SIMULATED = "simulated"
+
+
+@frozen
+class GangSpec:
+    """This member's part in a multi-node replica."""
+
+    nnodes: int
+    rank: int
+    head_addr: str  # rank 0's mgmt address
+    rendezvous_port: int  # vLLM --master-port / SGLang --dist-init-addr port
+    hcas: tuple[str, ...] = ()  # the fabric's HCAs on this node, for NCCL_IB_HCA
+    ray_port: int = 0  # GCS port of this replica's own Ray cluster (launch_mode ray)
+    # First of a block of ports on this node reserved for this replica's Ray processes.
+    ray_port_base: int = 0
+
+
+@frozen
+class EngineSpec:
+    replica_id: str
+    generation: int
+    deployment: str
+    model: str  # "org/name" id or absolute path
+    served_name: str
+    engine: EngineKind
+    gpus: tuple[str, ...]  # GPU UUIDs placed on this node
+    port: int  # engine HTTP port
+    tensor_parallel: int = 1
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(factory=dict)
+    startup_timeout: float = 600.0  # seconds
+    gang: GangSpec | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.replica_id, self.generation)
+
+
+class EngineState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    FAILED = "failed"  # never became ready within its startup timeout
+    STOPPING = "stopping"
+    EXITED = "exited"  # the process is gone (crash, or stopped on request)
+
+
+@frozen
+class EngineReport:
+    replica_id: str
+    generation: int
+    state: EngineState
+    endpoint: str = ""  # "http://mgmt_addr:port"
+    pid: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    log_tail: tuple[str, ...] = ()
+    restarts: int = 0

@@ -1,0 +1,1 @@
+"""Wire: trio over ZeroMQ, the msgpack codec, message classes, CURVE keys and ZAP."""

@@ -1,0 +1,137 @@
+"""Every message on the wire, one attrs class per kind.
+
+The codec (codec.py) encodes them as a msgpack map with a `kind` tag. Agents speak
+Hello/Heartbeat/InventoryChanged/EngineChanged/LogsReply; the server answers with
+Welcome/Refused/HeartbeatAck/DesiredSet/Rediscover/LogsRequest. ctl and the router send
+Request and get Reply; the server may also push EndpointTable to subscribed routers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import field, frozen
+
+from llmgw.model.engine import EngineReport, EngineSpec
+from llmgw.model.inventory import Inventory, NodeInfo
+
+# ---- agent -> server ----
+
+
+@frozen
+class Hello:
+    protocol: int
+    node: NodeInfo
+    inventory: Inventory
+    engines: tuple[EngineReport, ...] = ()
+
+
+@frozen
+class Heartbeat:
+    seq: int
+
+
+@frozen
+class InventoryChanged:
+    inventory: Inventory
+
+
+@frozen
+class EngineChanged:
+    report: EngineReport
+
+
+@frozen
+class LogsReply:
+    request_id: str
+    replica_id: str
+    lines: tuple[str, ...] = ()
+    error: str = ""
+
+
+# ---- server -> agent ----
+
+
+@frozen
+class Welcome:
+    protocol: int
+    node_id: str
+    heartbeat_interval: float  # seconds the server expects between heartbeats
+
+
+@frozen
+class Refused:
+    reason: str
+
+
+@frozen
+class HeartbeatAck:
+    seq: int
+
+
+@frozen
+class DesiredSet:
+    """The node's whole desired engine set. Level-triggered: a repeat does no harm."""
+
+    generation: int
+    engines: tuple[EngineSpec, ...] = ()
+
+
+@frozen
+class Rediscover:
+    """Run discovery now (ctl asked) and report what changed."""
+
+
+@frozen
+class LogsRequest:
+    request_id: str
+    replica_id: str
+    lines: int = 200
+
+
+# ---- ctl / router -> server, and back ----
+
+
+@frozen
+class Request:
+    protocol: int
+    request_id: str
+    op: str  # e.g. "status", "apply", "endpoints"
+    params: dict[str, Any] = field(factory=dict)
+
+
+@frozen
+class Reply:
+    request_id: str
+    ok: bool
+    result: Any = None
+    error: str = ""
+
+
+@frozen
+class EndpointTable:
+    """Pushed to routers that asked for the table: a whole versioned snapshot."""
+
+    version: int
+    # served_name -> list of {"replica_id", "url", "ready"} mappings
+    models: dict[str, list[dict[str, Any]]] = field(factory=dict)
+
+
+AgentMessage = Hello | Heartbeat | InventoryChanged | EngineChanged | LogsReply
+ServerToAgent = Welcome | Refused | HeartbeatAck | DesiredSet | Rediscover | LogsRequest
+Message = (
+    Hello
+    | Heartbeat
+    | InventoryChanged
+    | EngineChanged
+    | LogsReply
+    | Welcome
+    | Refused
+    | HeartbeatAck
+    | DesiredSet
+    | Rediscover
+    | LogsRequest
+    | Request
+    | Reply
+    | EndpointTable
+)
