@@ -1,0 +1,3 @@
+from llmgw.simengine.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,314 @@
+"""The simulated engine's HTTP API: vLLM's OpenAI-compatible endpoints, with made-up
+tokens generated at a configured rate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from typing import Any
+
+import trio
+
+from llmgw.simengine.args import SimArgs
+from llmgw.simengine.http import Exchange, error_body
+
+log = logging.getLogger("llmgw.simengine")
+
+OWNED_BY = "llmgw-simulated"
+EMBEDDING_DIM = 8
+_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "again")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def token_text(i: int) -> str:
+    return ("" if i == 0 else " ") + _WORDS[i % len(_WORDS)]
+
+
+def embedding(text: str) -> list[float]:
+    """A deterministic unit vector for a text."""
+    digest = hashlib.sha256(text.encode()).digest()
+    raw = [(b - 127.5) / 127.5 for b in digest[:EMBEDDING_DIM]]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [round(x / norm, 6) for x in raw]
+
+
+def _count_tokens(value: Any) -> int:
+    if isinstance(value, str):
+        return max(1, len(value.split()))
+    if isinstance(value, list):
+        return sum(_count_tokens(v) for v in value)
+    if isinstance(value, dict):
+        return _count_tokens(value.get("content", "")) + 3
+    return 1
+
+
+class SimEngine:
+    """Counters, the health flag and the request handlers of one simulated engine."""
+
+    def __init__(self, args: SimArgs) -> None:
+        self.args = args
+        self.running = 0
+        self.waiting = 0
+        self.dead_reason = ""  # set when the gang broke: /health answers 503
+        self._slots = trio.Semaphore(max(1, args.max_running))
+
+    # -- dispatch ---------------------------------------------------------------
+    async def handle(self, ex: Exchange) -> None:
+        routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/ping"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/embeddings"): self._embeddings,
+        }
+        route = routes.get((ex.method, ex.path))
+        try:
+            if route is None:
+                known = {path for _, path in routes}
+                if ex.path in known:
+                    raise BadRequest(f"method {ex.method} not allowed", 405, "MethodNotAllowed")
+                raise BadRequest(f"no route {ex.path}", 404, "NotFoundError")
+            await route(ex)
+        except BadRequest as exc:
+            if ex.responded:
+                raise
+            await ex.send_json(exc.status, error_body(str(exc), exc.status, exc.kind))
+
+    def _json(self, ex: Exchange) -> dict[str, Any]:
+        try:
+            body = json.loads(ex.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in self.args.served_names:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        if self.dead_reason:
+            raise BadRequest(f"engine dead: {self.dead_reason}", 500, "EngineDeadError")
+        return body
+
+    # -- plain endpoints ----------------------------------------------------------
+    async def _health(self, ex: Exchange) -> None:
+        if self.dead_reason:
+            await ex.send_bytes(503, "text/plain", self.dead_reason.encode())
+        else:
+            await ex.send_bytes(200, "text/plain", b"")
+
+    async def _models(self, ex: Exchange) -> None:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": OWNED_BY,
+                "root": self.args.model,
+                "parent": None,
+                "max_model_len": 4096,
+            }
+            for name in self.args.served_names
+        ]
+        await ex.send_json(200, {"object": "list", "data": data})
+
+    async def _metrics(self, ex: Exchange) -> None:
+        label = f'{{model_name="{self.args.served_name}"}}'
+        usage = min(1.0, self.running / max(1, self.args.max_running))
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {float(self.running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {float(self.waiting)}",
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{label} {usage}",
+            "",
+        ]
+        await ex.send_bytes(200, "text/plain; version=0.0.4", "\n".join(lines).encode())
+
+    async def _embeddings(self, ex: Exchange) -> None:
+        body = self._json(ex)
+        inputs = body.get("input")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            raise BadRequest("`input` must be a string or a non-empty list")
+        data = [
+            {"object": "embedding", "index": i, "embedding": embedding(str(text))}
+            for i, text in enumerate(inputs)
+        ]
+        tokens = _count_tokens([str(t) for t in inputs])
+        await ex.send_json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model") or self.args.served_name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+    # -- generation ---------------------------------------------------------------
+    async def _completions(self, ex: Exchange) -> None:
+        body = self._json(ex)
+        if "prompt" not in body:
+            raise BadRequest("`prompt` is required")
+        await self._generate(ex, body, chat=False, prompt_tokens=_count_tokens(body["prompt"]))
+
+    async def _chat(self, ex: Exchange) -> None:
+        body = self._json(ex)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("`messages` must be a non-empty list")
+        await self._generate(ex, body, chat=True, prompt_tokens=_count_tokens(messages))
+
+    def _length(self, body: dict[str, Any]) -> tuple[int, str]:
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        if limit is None:
+            return self.args.tokens, "stop"
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise BadRequest("`max_tokens` must be a positive integer")
+        if limit < self.args.tokens:
+            return limit, "length"
+        return self.args.tokens, "stop"
+
+    async def _generate(
+        self, ex: Exchange, body: dict[str, Any], *, chat: bool, prompt_tokens: int
+    ) -> None:
+        n, finish = self._length(body)
+        stream = bool(body.get("stream", False))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        ex.request_id = rid
+        model = body.get("model") or self.args.served_name
+        created = int(time.time())
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            if stream:
+                await self._stream(ex, rid, model, created, n, finish, chat, body, prompt_tokens)
+            else:
+                await self._tick_all(n)
+                text = "".join(token_text(i) for i in range(n))
+                usage = _usage(prompt_tokens, n)
+                if chat:
+                    choice: dict[str, Any] = {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                else:
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                obj = "chat.completion" if chat else "text_completion"
+                await ex.send_json(
+                    200,
+                    {
+                        "id": rid,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": [choice],
+                        "usage": usage,
+                    },
+                )
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+    def _deadlines(self, n: int) -> list[float]:
+        start = trio.current_time() + self.args.ttft
+        gap = 1.0 / self.args.tokens_per_second if self.args.tokens_per_second > 0 else 0.0
+        return [start + i * gap for i in range(n)]
+
+    async def _tick_all(self, n: int) -> None:
+        deadlines = self._deadlines(n)
+        await trio.sleep_until(deadlines[-1] if deadlines else trio.current_time())
+
+    async def _stream(
+        self,
+        ex: Exchange,
+        rid: str,
+        model: str,
+        created: int,
+        n: int,
+        finish: str,
+        chat: bool,
+        body: dict[str, Any],
+        prompt_tokens: int,
+    ) -> None:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+            payload: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice] if choice else [],
+            }
+            if usage is not None:
+                payload["usage"] = usage
+            return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+        def choice(text: str | None, finish_reason: str | None) -> dict[str, Any]:
+            if chat:
+                delta: dict[str, Any] = {} if text is None else {"content": text}
+                return {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            return {
+                "index": 0,
+                "text": text or "",
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+
+        await ex.start(200, "text/event-stream")
+        if chat:
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await ex.send_body(chunk(first))
+        for i, deadline in enumerate(self._deadlines(n)):
+            await trio.sleep_until(deadline)
+            last = i == n - 1
+            await ex.send_body(chunk(choice(token_text(i), finish if last and not chat else None)))
+        if chat:
+            await ex.send_body(chunk(choice(None, finish)))
+        options = body.get("stream_options") or {}
+        if isinstance(options, dict) and options.get("include_usage"):
+            await ex.send_body(chunk({}, _usage(prompt_tokens, n)))
+        await ex.send_body(b"data: [DONE]\n\n")
+        await ex.end()
+
+
+def _usage(prompt_tokens: int, n: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n,
+        "total_tokens": prompt_tokens + n,
+    }

@@ -1,0 +1,189 @@
+"""Command line and environment of the simulated engine.
+
+The simulated engine accepts the argument shapes llmgw emits for the real engines, so
+that end-to-end tests run the real launch plans with only the binary swapped:
+
+- vLLM:   ``serve MODEL --host H --port P --served-model-name N --tensor-parallel-size T
+  [--pipeline-parallel-size N --nnodes N --node-rank R --master-addr A --master-port MP
+  --headless --distributed-executor-backend ray ...]``
+- SGLang: ``--model-path M --served-model-name N --host H --port P --tp T
+  [--nnodes N --node-rank R --dist-init-addr A:P]``
+
+Flags it does not know are kept in ``SimArgs.unknown`` (and logged), never an error.
+The simulation knobs come from flags or, so that launch plans need not change, from
+``LLMGW_SIM_*`` environment variables (a flag wins over the environment).
+
+Pure: argv and an environment mapping in, a frozen SimArgs out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from attrs import frozen
+
+from llmgw.errors import UsageError
+
+# vLLM's parallel config default for --master-port.
+VLLM_DEFAULT_MASTER_PORT = 29501
+
+
+@frozen
+class SimArgs:
+    shape: str  # "vllm" or "sglang": which command line it was given
+    model: str
+    served_names: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous_host: str = ""  # vLLM --master-addr / SGLang --dist-init-addr host
+    rendezvous_port: int = 0  # vLLM --master-port / SGLang --dist-init-addr port
+    headless: bool = False
+    executor_backend: str = ""
+    # Simulation knobs.
+    load_seconds: float = 0.0
+    tokens_per_second: float = 50.0
+    ttft: float = 0.05
+    tokens: int = 16
+    exit_after: float | None = None
+    ignore_sigterm: bool = False
+    max_running: int = 256
+    # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: stay up (health 503) when the gang breaks.
+    keep_alive_on_death: bool = False
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def served_name(self) -> str:
+        return self.served_names[0]
+
+    @property
+    def is_gang(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def serves_api(self) -> bool:
+        """Rank 0 serves the OpenAI API; other ranks do not (vLLM --headless)."""
+        return self.node_rank == 0 and not self.headless
+
+
+def _float(value: str, name: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"simengine: {name} must be a number, got {value!r}") from None
+
+
+def _knob(flag: str | float | None, env: Mapping[str, str], key: str, default: float) -> float:
+    if flag is not None:
+        return float(flag)
+    raw = env.get(key, "").strip()
+    return _float(raw, key) if raw else default
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"simengine: {message}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="python -m llmgw.simengine", add_help=False, allow_abbrev=False)
+    # vLLM shape
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", default="")
+    p.add_argument("--master-port", type=int, default=None)
+    p.add_argument("--headless", action="store_true")
+    p.add_argument("--distributed-executor-backend", default="")
+    p.add_argument("--model", dest="model_flag", default=None)
+    # SGLang shape
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=None)
+    p.add_argument("--dist-init-addr", default="")
+    # Simulation knobs (flags; the LLMGW_SIM_* environment is the other way in)
+    p.add_argument("--sim-load-seconds", default=None)
+    p.add_argument("--sim-tokens-per-second", default=None)
+    p.add_argument("--sim-ttft", default=None)
+    p.add_argument("--sim-tokens", default=None)
+    p.add_argument("--sim-exit-after", default=None)
+    p.add_argument("--sim-ignore-sigterm", action="store_true")
+    p.add_argument("--sim-max-running", default=None)
+    return p
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"simengine: --dist-init-addr must be HOST:PORT, got {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
+    """Parse a vLLM- or SGLang-shaped command line plus LLMGW_SIM_* variables."""
+    args = list(argv)
+    shape = "sglang"
+    model: str | None = None
+    if args and args[0] == "serve":
+        shape = "vllm"
+        args = args[1:]
+        if args and not args[0].startswith("-"):
+            model = args[0]
+            args = args[1:]
+    ns, unknown = _parser().parse_known_args(args)
+    if ns.model_flag:
+        model = model or ns.model_flag
+    if ns.model_path:
+        model = model or ns.model_path
+    if not model:
+        raise UsageError("simengine: no model given (vllm: serve MODEL; sglang: --model-path)")
+    if shape != "vllm" and not ns.model_path:
+        shape = "vllm"  # e.g. `--model M` without `serve`
+
+    tp = ns.tensor_parallel_size or ns.tp or 1
+    rdv_host, rdv_port = "", 0
+    if ns.dist_init_addr:
+        rdv_host, rdv_port = _split_addr(ns.dist_init_addr)
+    elif ns.nnodes > 1:
+        rdv_host = ns.master_addr or "127.0.0.1"
+        rdv_port = ns.master_port or VLLM_DEFAULT_MASTER_PORT
+    if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
+        raise UsageError(f"simengine: node rank {ns.node_rank} is outside nnodes {ns.nnodes}")
+
+    exit_after_raw = ns.sim_exit_after
+    if exit_after_raw is None:
+        exit_after_raw = env.get("LLMGW_SIM_EXIT_AFTER", "").strip() or None
+    ignore = ns.sim_ignore_sigterm or env.get("LLMGW_SIM_IGNORE_SIGTERM", "") in ("1", "true")
+    return SimArgs(
+        shape=shape,
+        model=model,
+        served_names=tuple(ns.served_model_name or (model,)),
+        host=ns.host,
+        port=ns.port if ns.port is not None else (30000 if shape == "sglang" else 8000),
+        tensor_parallel=tp,
+        pipeline_parallel=ns.pipeline_parallel_size,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        rendezvous_host=rdv_host,
+        rendezvous_port=rdv_port,
+        headless=ns.headless,
+        executor_backend=ns.distributed_executor_backend,
+        load_seconds=_knob(ns.sim_load_seconds, env, "LLMGW_SIM_LOAD_SECONDS", 0.0),
+        tokens_per_second=_knob(ns.sim_tokens_per_second, env, "LLMGW_SIM_TOKENS_PER_SECOND", 50.0),
+        ttft=_knob(ns.sim_ttft, env, "LLMGW_SIM_TTFT", 0.05),
+        tokens=int(_knob(ns.sim_tokens, env, "LLMGW_SIM_TOKENS", 16)),
+        exit_after=(
+            _float(str(exit_after_raw), "LLMGW_SIM_EXIT_AFTER") if exit_after_raw else None
+        ),
+        ignore_sigterm=ignore,
+        max_running=int(_knob(ns.sim_max_running, env, "LLMGW_SIM_MAX_RUNNING", 256)),
+        keep_alive_on_death=env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "") in ("1", "true"),
+        unknown=tuple(unknown),
+    )
