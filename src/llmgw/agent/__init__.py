@@ -1,0 +1,1 @@
+"""The llmgw agent: one per GPU node."""

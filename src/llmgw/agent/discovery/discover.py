@@ -1,0 +1,109 @@
+"""The trio shell around discovery: runs the slow parts in threads, gathers warnings.
+
+Discovery never blocks the agent's heartbeats: NVML, nvidia-smi, sysfs and the model
+walk all run in `trio.to_thread.run_sync`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import trio
+from attrs import evolve
+
+from llmgw.agent.discovery.gpus import PCI_ROOT, read_gpus
+from llmgw.agent.discovery.infiniband import assess_fabrics, read_hcas
+from llmgw.agent.discovery.mountinfo import Mount, parse_mountinfo
+from llmgw.agent.discovery.storage import scan_storage
+from llmgw.config.agent import AgentConfig
+from llmgw.model.inventory import Gpu, Inventory
+
+log = logging.getLogger(__name__)
+
+MOUNTINFO = "/proc/self/mountinfo"
+# Free memory moves with every engine; smaller moves than this are not a change.
+FREE_MEMORY_SLACK_MIB = 1024
+
+
+def _read_mounts(path: str) -> list[Mount]:
+    try:
+        with open(path) as f:
+            return parse_mountinfo(f.read())
+    except OSError as exc:
+        log.warning("cannot read %s (%s); all model_dirs taken as local", path, exc)
+        return []
+
+
+async def discover(
+    config: AgentConfig,
+    *,
+    nvml: object | None = None,
+    mountinfo_path: str = MOUNTINFO,
+    pci_root: str = PCI_ROOT,
+    search_path: str | None = None,
+    logged: set[str] | None = None,
+) -> Inventory:
+    """What this node has. Raises DiscoveryError when it contradicts the config.
+
+    `nvml`: a pynvml-like object (None: the real pynvml when installed). `logged`: the
+    warnings already logged by earlier runs, so a periodic rerun does not repeat them.
+    """
+    disc = config.discovery
+    gpu_reading = await trio.to_thread.run_sync(
+        functools.partial(read_gpus, disc, nvml=nvml, search_path=search_path, pci_root=pci_root)
+    )
+    hcas = await trio.to_thread.run_sync(read_hcas, disc.ib_root)
+    fabrics = assess_fabrics(hcas, config.fabrics, source=config.source)
+    if config.model_dirs is not None:
+        mounts = await trio.to_thread.run_sync(_read_mounts, mountinfo_path)
+        storage = await trio.to_thread.run_sync(scan_storage, config.model_dirs, mounts)
+    else:
+        storage = scan_storage(None, [])
+    warnings = tuple(dict.fromkeys((*gpu_reading.warnings, *fabrics.warnings, *storage.warnings)))
+    seen = logged if logged is not None else set()
+    for w in warnings:
+        if w not in seen:
+            log.warning("discovery: %s", w)
+            seen.add(w)
+    return Inventory(
+        gpus=gpu_reading.gpus,
+        gpu_source=gpu_reading.source,
+        hcas=hcas,
+        fabrics=fabrics.fabrics,
+        unlabelled_hcas=fabrics.unlabelled_hcas,
+        storage=storage.report,
+        warnings=warnings,
+    )
+
+
+def _gpu_same(a: Gpu, b: Gpu) -> bool:
+    if abs(a.memory_free - b.memory_free) > FREE_MEMORY_SLACK_MIB:
+        return False
+    return evolve(a, memory_free=b.memory_free) == b
+
+
+def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
+    """Whether `new` is worth reporting after `old`. Free GPU memory drifting by less
+    than FREE_MEMORY_SLACK_MIB is not a change; anything else is."""
+    if old is None:
+        return True
+    if len(old.gpus) != len(new.gpus):
+        return True
+    if not all(_gpu_same(a, b) for a, b in zip(old.gpus, new.gpus, strict=True)):
+        return True
+    return (
+        old.gpu_source,
+        old.hcas,
+        old.fabrics,
+        old.unlabelled_hcas,
+        old.storage,
+        old.warnings,
+    ) != (
+        new.gpu_source,
+        new.hcas,
+        new.fabrics,
+        new.unlabelled_hcas,
+        new.storage,
+        new.warnings,
+    )

@@ -1,0 +1,160 @@
+"""Choose the GPU source (NVML, nvidia-smi, none) and read the GPUs. Blocking: to_thread.
+
+Never raises for a missing or broken driver: zero GPUs and a warning instead, because a
+node without GPUs is still a node, and a crash here would take the agent down with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from llmgw.agent.discovery.nvidia_smi import (
+    QUERY_ARGS,
+    TOPO_ARGS,
+    GpuOutputError,
+    apply_topology,
+    parse_query_gpu,
+    parse_topo,
+    sysfs_bus_id,
+)
+from llmgw.agent.discovery.nvml import read_nvml
+from llmgw.config.agent import DiscoveryConfig
+from llmgw.model.inventory import Gpu, GpuSource
+
+log = logging.getLogger(__name__)
+
+PCI_ROOT = "/sys/bus/pci/devices"
+NVIDIA_SMI_TIMEOUT = 30.0
+
+
+@frozen
+class GpuReading:
+    gpus: tuple[Gpu, ...] = ()
+    source: GpuSource = GpuSource.NONE
+    warnings: tuple[str, ...] = field(default=())
+
+
+def numa_from_sysfs(bus_id: str, pci_root: str = PCI_ROOT) -> int | None:
+    """NUMA node of a PCI device from sysfs; None when unknown (-1, absent, unreadable)."""
+    try:
+        path = os.path.join(pci_root, sysfs_bus_id(bus_id), "numa_node")
+        with open(path) as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError, GpuOutputError) as exc:
+        log.debug("no NUMA node for %s: %s", bus_id, exc)
+        return None
+    return node if node >= 0 else None
+
+
+def load_nvml() -> Any | None:
+    """The real pynvml module, or None when nvidia-ml-py is not installed."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        log.debug("pynvml not importable: %s", exc)
+        return None
+    return pynvml
+
+
+def _ordered(gpus: list[Gpu]) -> tuple[Gpu, ...]:
+    return tuple(sorted(gpus, key=lambda g: g.pci_bus_id))
+
+
+def _try_nvml(nvml: Any, pci_root: str) -> tuple[list[Gpu] | None, str]:
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        return None, f"NVML did not load ({exc})"
+    try:
+        return read_nvml(nvml, lambda bus: numa_from_sysfs(bus, pci_root)), ""
+    except GpuOutputError as exc:
+        return None, str(exc)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown: %s", exc)
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=NVIDIA_SMI_TIMEOUT,
+        check=False,
+        env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+    )
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> str:
+    err = (proc.stderr or proc.stdout or "").strip()
+    return f"{what} exited with status {proc.returncode}: {err or '(no output)'}"
+
+
+def _read_nvidia_smi(exe: str, pci_root: str) -> tuple[list[Gpu] | None, list[str]]:
+    warnings: list[str] = []
+    try:
+        proc = _run([exe, *QUERY_ARGS])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, [f"{exe} could not be run: {exc}"]
+    if proc.returncode != 0:
+        return None, [_failed(exe, proc)]
+    try:
+        gpus = parse_query_gpu(proc.stdout)
+    except GpuOutputError as exc:
+        stderr = proc.stderr.strip()
+        return None, [f"{exe}: {exc}" + (f"; stderr: {stderr}" if stderr else "")]
+    if len(gpus) > 0:
+        try:
+            topo_proc = _run([exe, *TOPO_ARGS])
+            if topo_proc.returncode != 0:
+                warnings.append(_failed(f"{exe} topo -m", topo_proc) + "; no NVLink peers")
+            else:
+                gpus = apply_topology(gpus, parse_topo(topo_proc.stdout))
+        except (OSError, subprocess.TimeoutExpired, GpuOutputError) as exc:
+            warnings.append(f"{exe} topo -m: {exc}; no NVLink peers")
+    gpus = [
+        g if g.numa_node is not None else evolve(g, numa_node=numa_from_sysfs(g.pci_bus_id, pci_root))
+        for g in gpus
+    ]
+    return gpus, warnings
+
+
+def read_gpus(
+    config: DiscoveryConfig,
+    *,
+    nvml: Any | None = None,
+    search_path: str | None = None,
+    pci_root: str = PCI_ROOT,
+) -> GpuReading:
+    """Read this node's GPUs, ordered by PCI bus id. `nvml` None: try the real pynvml."""
+    if config.skip_gpus:
+        return GpuReading(source=GpuSource.SKIPPED)
+    notes: list[str] = []
+    if config.prefer_nvml:
+        module = nvml if nvml is not None else load_nvml()
+        if module is None:
+            notes.append("NVML not installed")
+        else:
+            gpus, why = _try_nvml(module, pci_root)
+            if gpus is not None:
+                return GpuReading(_ordered(gpus), GpuSource.NVML)
+            notes.append(why)
+    exe = config.nvidia_smi or shutil.which("nvidia-smi", path=search_path)
+    if not exe:
+        why = "; ".join([*notes, "nvidia-smi not found on PATH"])
+        return GpuReading(source=GpuSource.NONE, warnings=(f"no GPUs found: {why}",))
+    if not os.access(exe, os.X_OK):
+        why = "; ".join([*notes, f"nvidia-smi {exe} is missing or not executable"])
+        return GpuReading(source=GpuSource.NONE, warnings=(f"no GPUs found: {why}",))
+    found, warnings = _read_nvidia_smi(exe, pci_root)
+    if found is None:
+        return GpuReading(source=GpuSource.NONE, warnings=tuple(f"no GPUs found: {w}" for w in warnings))
+    return GpuReading(_ordered(found), GpuSource.NVIDIA_SMI, tuple(warnings))

@@ -1,0 +1,1 @@
+"""The llmgw server: inventory, placement, reconciliation and status."""
