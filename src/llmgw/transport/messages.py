@@ -65,6 +65,13 @@ class Refused:
 
 
 @frozen
+class HelloFirst:
+    """The server has no session for this peer (it restarted, or never saw a Hello)."""
+
+    reason: str = ""
+
+
+@frozen
 class HeartbeatAck:
     seq: int
 
@@ -118,7 +125,7 @@ class EndpointTable:
 
 
 AgentMessage = Hello | Heartbeat | InventoryChanged | EngineChanged | LogsReply
-ServerToAgent = Welcome | Refused | HeartbeatAck | DesiredSet | Rediscover | LogsRequest
+ServerToAgent = Welcome | Refused | HelloFirst | HeartbeatAck | DesiredSet | Rediscover | LogsRequest
 Message = (
     Hello
     | Heartbeat
@@ -127,6 +134,7 @@ Message = (
     | LogsReply
     | Welcome
     | Refused
+    | HelloFirst
     | HeartbeatAck
     | DesiredSet
     | Rediscover

@@ -1,0 +1,216 @@
+"""The server's sessions with its peers, without I/O (h11-style: bytes and time in,
+messages out).
+
+Every message arrives with the User-Id that ZAP bound to the peer's key ("role:identity");
+that is the only identity trusted. A node's Hello must name the node its key was issued
+for. Requests from ctl and routers are dispatched through `ops`, a table of
+op name -> (roles allowed, handler), which later parts of the server extend.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from attrs import define, field
+
+from llmgw import PROTOCOL_VERSION
+from llmgw.config.server import ServerConfig
+from llmgw.errors import LlmgwError, ProtocolError
+from llmgw.model.engine import EngineReport
+from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.model.node import NodeState
+from llmgw.server.node_states import NodeEvent, next_state, silence_event
+from llmgw.server.status import status_view
+from llmgw.transport import codec
+from llmgw.transport.messages import (
+    EngineChanged,
+    Heartbeat,
+    HeartbeatAck,
+    Hello,
+    HelloFirst,
+    InventoryChanged,
+    LogsReply,
+    Message,
+    Refused,
+    Reply,
+    Request,
+    Welcome,
+)
+from llmgw.transport.zap import split_user_id
+
+log = logging.getLogger(__name__)
+
+Outgoing = tuple[bytes, Message]  # (routing id, message)
+OpHandler = Callable[["Peer", dict[str, Any], float], Any]
+
+
+class RequestError(LlmgwError):
+    """Raised by an op handler: becomes Reply(ok=False, error=message)."""
+
+
+@define(frozen=True)
+class Peer:
+    routing_id: bytes
+    role: str
+    identity: str
+
+
+@define
+class Node:
+    node_id: str
+    info: NodeInfo
+    inventory: Inventory
+    state: NodeState
+    last_seen: float
+    routing_id: bytes
+    engines: dict[str, EngineReport] = field(factory=dict)
+    connected: bool = True  # has a live session (cut on revocation)
+
+
+@define
+class ControlPlane:
+    config: ServerConfig
+    nodes: dict[str, Node] = field(factory=dict)
+    # Identities ("role:identity") currently authorized; messages from others are refused.
+    authorized: set[str] = field(factory=set)
+    ops: dict[str, tuple[frozenset[str], OpHandler]] = field(factory=dict)
+    # Called after a node's Hello or reports change what the rest of the server knows.
+    on_node_change: Callable[[Node, float], list[Outgoing]] | None = None
+    pending_logs: dict[str, Callable[[LogsReply], None]] = field(factory=dict)
+    dropped: int = 0  # messages dropped as malformed or unauthorized
+
+    def __attrs_post_init__(self) -> None:
+        self.ops.setdefault("status", (frozenset({"admin"}), self._op_status))
+
+    # ---- inbound ----
+
+    def handle(self, routing_id: bytes, uid: str, payload: bytes, now: float) -> list[Outgoing]:
+        role, identity = split_user_id(uid)
+        if not uid or not identity:
+            self.dropped += 1
+            log.warning("dropped a message without a ZAP User-Id")
+            return []
+        if uid not in self.authorized:
+            self.dropped += 1
+            return [(routing_id, Refused(reason=f"key for {identity!r} is not authorized (revoked?)"))]
+        peer = Peer(routing_id, role, identity)
+        try:
+            msg = codec.decode(payload)
+        except ProtocolError as exc:
+            self.dropped += 1
+            log.warning("dropped a bad message from %s: %s", uid, exc)
+            return []
+        if isinstance(msg, Request):
+            return [(routing_id, self._request(peer, msg, now))]
+        if role != "node":
+            self.dropped += 1
+            log.warning("dropped %s from %s: only nodes send it", codec.kind_of(msg), uid)
+            return []
+        if isinstance(msg, Hello):
+            return self._hello(peer, msg, now)
+        node = self.nodes.get(identity)
+        if node is None or not node.connected:
+            return [(routing_id, HelloFirst(reason="no session; send Hello"))]
+        self._heard(node, routing_id, now)
+        if isinstance(msg, Heartbeat):
+            return [(routing_id, HeartbeatAck(seq=msg.seq))]
+        if isinstance(msg, InventoryChanged):
+            node.inventory = msg.inventory
+            return self._changed(node, now)
+        if isinstance(msg, EngineChanged):
+            node.engines[msg.report.replica_id] = msg.report
+            return self._changed(node, now)
+        if isinstance(msg, LogsReply):
+            waiter = self.pending_logs.pop(msg.request_id, None)
+            if waiter is not None:
+                waiter(msg)
+            return []
+        self.dropped += 1
+        log.warning("dropped %s from %s: not a message a node sends", codec.kind_of(msg), uid)
+        return []
+
+    def _hello(self, peer: Peer, msg: Hello, now: float) -> list[Outgoing]:
+        claimed = msg.node.node_id
+        if msg.protocol != PROTOCOL_VERSION:
+            reason = f"protocol {msg.protocol} not supported; this server speaks {PROTOCOL_VERSION}"
+            return [(peer.routing_id, Refused(reason=reason))]
+        if claimed != peer.identity:
+            log.warning("refused Hello: key bound to %r claims node %r", peer.identity, claimed)
+            reason = f"this key is bound to node {peer.identity!r}, but Hello claims {claimed!r}"
+            return [(peer.routing_id, Refused(reason=reason))]
+        node = self.nodes.get(claimed)
+        engines = {r.replica_id: r for r in msg.engines}
+        if node is None:
+            node = Node(claimed, msg.node, msg.inventory, NodeState.READY, now, peer.routing_id)
+            self.nodes[claimed] = node
+            log.info("node %s joined from %s", claimed, msg.node.mgmt_addr)
+        else:
+            node.info, node.inventory = msg.node, msg.inventory
+            node.connected = True
+            self._heard(node, peer.routing_id, now)
+        node.engines = engines
+        welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
+        return [(peer.routing_id, welcome), *self._changed(node, now)]
+
+    def _heard(self, node: Node, routing_id: bytes, now: float) -> None:
+        before = node.state
+        node.state = next_state(node.state, NodeEvent.HEARD)
+        node.last_seen = now
+        # Server-initiated messages go only to the routing id last seen authenticated.
+        node.routing_id = routing_id
+        if before != node.state:
+            log.info("node %s: %s -> %s", node.node_id, before, node.state)
+
+    def _changed(self, node: Node, now: float) -> list[Outgoing]:
+        return self.on_node_change(node, now) if self.on_node_change else []
+
+    def _request(self, peer: Peer, req: Request, now: float) -> Reply:
+        if req.protocol != PROTOCOL_VERSION:
+            return Reply(req.request_id, False, error=f"protocol {req.protocol} not supported")
+        entry = self.ops.get(req.op)
+        if entry is None:
+            return Reply(req.request_id, False, error=f"unknown request {req.op!r}")
+        roles, handler = entry
+        if peer.role not in roles:
+            log.warning("refused %s request from %s %s", req.op, peer.role, peer.identity)
+            return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {req.op!r}")
+        try:
+            return Reply(req.request_id, True, result=handler(peer, req.params, now))
+        except LlmgwError as exc:
+            return Reply(req.request_id, False, error=str(exc))
+
+    # ---- timers and keys ----
+
+    def tick(self, now: float) -> list[tuple[Node, NodeState]]:
+        """Apply silence to every node; return the nodes whose state changed (old state)."""
+        suspect_after = self.config.heartbeat_interval * self.config.suspect_after_missed
+        changed = []
+        for node in self.nodes.values():
+            event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after)
+            if event is None:
+                continue
+            before = node.state
+            node.state = next_state(before, event)
+            if node.state != before:
+                log.warning("node %s: %s -> %s (silent %.0fs)", node.node_id, before,
+                            node.state, now - node.last_seen)
+                changed.append((node, before))
+        return changed
+
+    def set_authorized(self, uids: set[str]) -> list[Outgoing]:
+        """New set of authorized identities; live sessions of the others are cut."""
+        self.authorized = uids
+        out: list[Outgoing] = []
+        for node in self.nodes.values():
+            if node.connected and f"node:{node.node_id}" not in uids:
+                node.connected = False
+                log.warning("node %s: key revoked, session cut", node.node_id)
+                out.append((node.routing_id, Refused(reason="this node's key was revoked")))
+        return out
+
+    # ---- ops ----
+
+    def _op_status(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        return status_view(self, now)

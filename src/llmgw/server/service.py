@@ -1,0 +1,168 @@
+"""The server's trio shell: ZAP, the ROUTER socket, timers and key reloads around the
+sans-IO ControlPlane."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+import zmq
+
+from llmgw.config.server import ServerConfig
+from llmgw.errors import LlmgwError
+from llmgw.server.control import ControlPlane, Outgoing
+from llmgw.transport import codec
+from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
+from llmgw.transport.zap import serve_zap, user_id
+from llmgw.transport.zmqtrio import TrioSocket
+
+log = logging.getLogger(__name__)
+
+KEY_POLL_INTERVAL = 1.0  # seconds between checks of the authorized folder
+
+
+class ServerTransport:
+    """The ROUTER socket: receive (routing id, ZAP User-Id, payload), send without blocking."""
+
+    def __init__(self, sock: TrioSocket) -> None:
+        self.sock = sock
+        self.dropped_sends = 0
+
+    async def recv(self) -> tuple[bytes, str, bytes]:
+        while True:
+            frames = await self.sock.recv_frames()
+            if len(frames) != 2:
+                log.warning("dropped a message of %d frames (expected 2)", len(frames))
+                continue
+            try:
+                uid = frames[1].get("User-Id")
+            except zmq.ZMQError:
+                uid = ""
+            return frames[0].bytes, str(uid or ""), frames[1].bytes
+
+    def send(self, routing_id: bytes, payload: bytes) -> None:
+        if not self.sock.try_send_multipart([routing_id, payload]):
+            self.dropped_sends += 1
+            log.debug("dropped a message to a peer that is gone or full")
+
+
+class KeyWatcher:
+    """Reloads the authorized folder when it changes (or on SIGHUP)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.keys: dict[bytes, KeyInfo] = {}
+        self._stamp: tuple[int, ...] = ()
+
+    def _current_stamp(self) -> tuple[int, ...]:
+        try:
+            entries = sorted(os.scandir(self.folder), key=lambda e: e.name)
+            return (os.stat(self.folder).st_mtime_ns,
+                    *(e.stat().st_mtime_ns for e in entries if e.name.endswith(".key")))
+        except OSError as exc:
+            log.error("cannot read %s: %s", self.folder, exc)
+            return self._stamp
+
+    def reload_if_changed(self, force: bool = False) -> bool:
+        stamp = self._current_stamp()
+        if stamp == self._stamp and not force:
+            return False
+        self._stamp = stamp
+        self.keys = load_authorized(str(self.folder))
+        return True
+
+    def uids(self) -> set[str]:
+        return {user_id(k) for k in self.keys.values()}
+
+
+async def serve_server(
+    config: ServerConfig,
+    *,
+    setup: Callable[[ControlPlane, Callable[[list[Outgoing]], None]], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the control plane until cancelled. `task_status.started` gets the bound address.
+
+    `setup`, when given, is awaited with the ControlPlane and a send function before the
+    socket starts receiving: later parts of the server (placement, state) hook in there.
+    """
+    keys_dir = Path(config.keys_dir)
+    pair = load_pair(str(keys_dir / "server.key_secret"))
+    watcher = KeyWatcher(keys_dir / "authorized")
+    watcher.reload_if_changed(force=True)
+    cp = ControlPlane(config=config, authorized=watcher.uids())
+
+    ctx = zmq.Context()
+    try:
+        async with trio.open_nursery() as nursery:
+            # The ZAP handler must answer before the ROUTER binds: without one, libzmq
+            # lets every CURVE client in.
+            await nursery.start(serve_zap, ctx, watcher.keys.get)
+            sock = ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 1000)
+            sock.setsockopt(zmq.RCVHWM, 100_000)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 10_000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 30_000)
+            sock.curve_server = True
+            sock.curve_secretkey = pair.secret_key
+            sock.curve_publickey = pair.public_key
+            sock.zap_domain = b"llmgw"
+            try:
+                sock.bind(config.bind)
+            except zmq.ZMQError as exc:
+                sock.close(linger=0)
+                raise LlmgwError(f"cannot bind {config.bind}: {exc}") from None
+            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            transport = ServerTransport(TrioSocket(sock))
+
+            def send_all(out: list[Outgoing]) -> None:
+                for rid, msg in out:
+                    transport.send(rid, codec.encode(msg))
+
+            if setup is not None:
+                await setup(cp, send_all)
+            nursery.start_soon(_timers, cp, watcher, send_all)
+            nursery.start_soon(_sighup, watcher, cp, send_all)
+            log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
+            task_status.started(bound)
+            try:
+                while True:
+                    rid, uid, payload = await transport.recv()
+                    send_all(cp.handle(rid, uid, payload, trio.current_time()))
+            finally:
+                transport.sock.close()
+    finally:
+        ctx.term()
+
+
+def _apply_keys(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:
+    send_all(cp.set_authorized(watcher.uids()))
+    log.info("authorized keys reloaded: %d", len(watcher.keys))
+
+
+async def _timers(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:
+    while True:
+        await trio.sleep(KEY_POLL_INTERVAL)
+        if watcher.reload_if_changed():
+            _apply_keys(cp, watcher, send_all)
+        cp.tick(trio.current_time())
+
+
+async def _sighup(watcher: KeyWatcher, cp: ControlPlane, send_all: Callable[[list[Outgoing]], None]) -> None:
+    if trio.lowlevel.current_root_task() is None:  # pragma: no cover
+        return
+    try:
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                watcher.reload_if_changed(force=True)
+                _apply_keys(cp, watcher, send_all)
+    except RuntimeError:
+        # Signals can only be caught on the main thread; tests may run us elsewhere.
+        log.debug("SIGHUP reload unavailable off the main thread")

@@ -1,0 +1,48 @@
+"""The client side of the wire: a CURVE DEALER connection to the server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import zmq
+
+from llmgw.transport.keys import KeyPair
+from llmgw.transport.zmqtrio import TrioSocket
+
+
+class ZmqConnection:
+    def __init__(self, sock: TrioSocket) -> None:
+        self.sock = sock
+
+    async def send(self, payload: bytes) -> None:
+        await self.sock.send_multipart([payload])
+
+    async def recv(self) -> bytes:
+        while True:
+            parts = await self.sock.recv_multipart()
+            if len(parts) == 1:
+                return parts[0]
+
+
+@asynccontextmanager
+async def connect(
+    ctx: zmq.Context[Any], server: str, pair: KeyPair, server_public: bytes
+) -> AsyncIterator[ZmqConnection]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # Queue nothing for a connection that is not up: a heartbeat delivered late to a
+    # server that came back is noise.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    sock.setsockopt(zmq.SNDHWM, 1000)
+    sock.setsockopt(zmq.RECONNECT_IVL, 200)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 10_000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 30_000)
+    sock.curve_secretkey = pair.secret_key
+    sock.curve_publickey = pair.public_key
+    sock.curve_serverkey = server_public
+    with TrioSocket(sock) as ts:
+        sock.connect(server)
+        yield ZmqConnection(ts)

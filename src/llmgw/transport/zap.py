@@ -1,0 +1,63 @@
+"""The server's ZAP handler, as a trio task in the server's zmq context.
+
+libzmq accepts any CURVE client when no ZAP handler answers, so serve_zap must have
+started (bound) before the server binds its ROUTER. The User-Id it hands back,
+"role:identity", arrives with every message on that connection and is the only identity
+the server trusts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+import zmq
+
+from llmgw.transport.keys import KeyInfo
+from llmgw.transport.zmqtrio import TrioSocket
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+
+def user_id(info: KeyInfo) -> str:
+    return f"{info.role}:{info.name}"
+
+
+def split_user_id(uid: str) -> tuple[str, str]:
+    role, _, ident = uid.partition(":")
+    return role, ident
+
+
+def zap_reply(frames: list[bytes], lookup: Callable[[bytes], KeyInfo | None]) -> list[bytes]:
+    """Pure: a ZAP request's frames -> the reply's frames."""
+    if len(frames) < 6:
+        return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+    version, request_id, _domain, address, _identity, mechanism = frames[:6]
+    if version != b"1.0":
+        return [b"1.0", request_id, b"500", b"unsupported ZAP version", b"", b""]
+    if mechanism != b"CURVE" or len(frames) < 7:
+        return [b"1.0", request_id, b"400", b"CURVE required", b"", b""]
+    public = zmq.utils.z85.encode(frames[6])
+    info = lookup(public)
+    if info is None:
+        log.warning("refused unknown key %s from %s", public.decode(), address.decode(errors="replace"))
+        return [b"1.0", request_id, b"400", b"unknown key", b"", b""]
+    return [b"1.0", request_id, b"200", b"OK", user_id(info).encode(), b""]
+
+
+async def serve_zap(
+    ctx: zmq.Context[Any],
+    lookup: Callable[[bytes], KeyInfo | None],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with TrioSocket(ctx.socket(zmq.REP)) as sock:
+        sock.sock.bind(ZAP_ENDPOINT)
+        task_status.started()
+        while True:
+            frames = await sock.recv_multipart()
+            await sock.send_multipart(zap_reply(frames, lookup))
