@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
+from llmgw.config.duration import Duration
+
 
 @frozen
 class KeysConfig:
@@ -28,7 +30,7 @@ class DiscoveryConfig:
     prefer_nvml: bool = True
     skip_gpus: bool = False
     # How often discovery runs again after start (seconds).
-    interval: float = 60.0
+    interval: Duration = 60.0
 
 
 @frozen
@@ -63,8 +65,8 @@ class EnginesConfig:
 class SupervisorConfig:
     work_dir: str = "/var/lib/llmgw-agent"
     log_lines: int = 512
-    stop_timeout: float = 60.0
-    health_interval: float = 2.0
+    stop_timeout: Duration = 60.0
+    health_interval: Duration = 2.0
     log_max_bytes: int = 64 * 1024 * 1024  # rotate engine.log past this size
 
 
@@ -76,9 +78,9 @@ class AgentConfig:
     mgmt_addr: str
     mgmt_interface: str = ""
     labels: dict[str, str] = field(factory=dict)
-    heartbeat_interval: float = 5.0
-    reconnect_base: float = 1.0
-    reconnect_max: float = 30.0
+    heartbeat_interval: Duration = 5.0
+    reconnect_base: Duration = 1.0
+    reconnect_max: Duration = 30.0
     fabrics: tuple[FabricConfig, ...] = ()
     discovery: DiscoveryConfig = DiscoveryConfig()
     # None: never asked to look. An empty tuple cannot be written (it is an error).

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from llmgw.config.duration import Duration
+
 
 @frozen
 class ServerConfig:
     bind: str = "tcp://0.0.0.0:7443"
     keys_dir: str = "/etc/llmgw/keys"
     state_dir: str = "/var/lib/llmgw-server"
-    heartbeat_interval: float = 5.0  # what agents are told to expect
+    heartbeat_interval: Duration = 5.0  # what agents are told to expect
     suspect_after_missed: int = 3  # missed heartbeats before a node is suspect
-    lost_after: float = 60.0  # grace period of silence before a node is lost
+    lost_after: Duration = 60.0  # grace period of silence before a node is lost
     # After the server starts, nodes get this long to reconnect before any is lost.
-    restart_grace: float = 120.0
+    restart_grace: Duration = 120.0
     # More than this share of nodes silent within one grace period: hold re-placement.
     mass_loss_share: float = 0.3
     max_message_size: int = 4 * 1024 * 1024

@@ -1,0 +1,161 @@
+"""Load conf/agent.yaml into AgentConfig, strictly.
+
+Every mistake is one ConfigError naming the file, the key path and the bad value.
+Paths in the file are kept as written (never resolved): they are checked from the
+agent's working directory, which is where they will be opened.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import attrs
+from cattrs import Converter
+from cattrs.gen import make_dict_structure_fn
+
+from llmgw.config._strict import (
+    check_key_file,
+    check_tcp_address,
+    describe,
+    make_converter,
+    read_yaml,
+    structure,
+)
+from llmgw.config.agent import AgentConfig, ModelDirConfig
+from llmgw.errors import ConfigError
+
+LAUNCH_MODES = ("ray", "mp")
+_INTERNAL_KEYS = ("source",)
+
+
+@cache
+def _converter() -> Converter:
+    conv = make_converter()
+    inner = make_dict_structure_fn(
+        ModelDirConfig, conv, _cattrs_forbid_extra_keys=True, _cattrs_detailed_validation=True
+    )
+
+    def model_dir(value: object, t: Any) -> ModelDirConfig:
+        if isinstance(value, str):
+            value = {"path": value}
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"expected a directory path or a mapping {{path, shared, store}}, got {describe(value)}"
+            )
+        return inner(value, t)
+
+    conv.register_structure_hook(ModelDirConfig, model_dir)
+    return conv
+
+
+def load_agent_config(path: str) -> AgentConfig:
+    """Read and check an agent configuration file. Raises ConfigError."""
+    data = read_yaml(path)
+    for key in _INTERNAL_KEYS:
+        if key in data:
+            raise ConfigError(path, key, f"unknown key, with value {describe(data[key])}")
+    if "model_dirs" in data and data["model_dirs"] in (None, [], ()):
+        raise ConfigError(
+            path,
+            "model_dirs",
+            f"is empty ({describe(data['model_dirs'])}); list at least one directory, or "
+            "remove the key so that this node is not asked to look",
+        )
+    if "node_id" not in data:
+        data = {**data, "node_id": socket.gethostname()}
+    cfg = structure(_converter(), data, AgentConfig, source=path)
+    cfg = attrs.evolve(cfg, source=path)
+    _check(path, cfg)
+    return cfg
+
+
+def _check(path: str, cfg: AgentConfig) -> None:
+    if not cfg.node_id.strip():
+        raise ConfigError(path, "node_id", f"{cfg.node_id!r} is empty; remove the key to use the hostname")
+    check_tcp_address(path, "server", cfg.server)
+    if not cfg.mgmt_addr.strip():
+        raise ConfigError(
+            path, "mgmt_addr", f"{cfg.mgmt_addr!r} is empty; give the address engines are reachable on"
+        )
+    if cfg.reconnect_base > cfg.reconnect_max:
+        raise ConfigError(
+            path,
+            "reconnect_max",
+            f"{cfg.reconnect_max:g}s is shorter than reconnect_base ({cfg.reconnect_base:g}s)",
+        )
+    _check_fabrics(path, cfg)
+    _check_model_dirs(path, cfg)
+    mode = cfg.engines.vllm.launch_mode
+    if mode not in LAUNCH_MODES:
+        raise ConfigError(path, "engines.vllm.launch_mode", f'{mode!r} is not one of "ray" or "mp"')
+    sup = cfg.supervisor
+    if sup.log_lines < 1:
+        raise ConfigError(path, "supervisor.log_lines", f"{sup.log_lines} must be at least 1")
+    if sup.log_max_bytes < 1:
+        raise ConfigError(path, "supervisor.log_max_bytes", f"{sup.log_max_bytes} must be at least 1")
+    lo, hi = cfg.port_range
+    if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
+        raise ConfigError(path, "port_range", f"[{lo}, {hi}]: ports must lie in 1..65535")
+    if lo > hi:
+        raise ConfigError(path, "port_range", f"[{lo}, {hi}] is inverted: first must be <= last")
+    check_key_file(
+        path,
+        "keys.secret_key",
+        cfg.keys.secret_key,
+        secret=True,
+        hint="make it with `llmgw keys issue node NODE_ID --dir DIR` on the server",
+    )
+    check_key_file(
+        path,
+        "keys.server_key",
+        cfg.keys.server_key,
+        secret=False,
+        hint="copy server.key from the folder `llmgw keys init` made on the server",
+    )
+
+
+def _check_fabrics(path: str, cfg: AgentConfig) -> None:
+    names: dict[str, int] = {}
+    hca_owner: dict[str, int] = {}
+    for i, fab in enumerate(cfg.fabrics):
+        if not fab.name.strip():
+            raise ConfigError(path, f"fabrics[{i}].name", f"{fab.name!r} is empty")
+        if fab.name in names:
+            raise ConfigError(
+                path,
+                f"fabrics[{i}].name",
+                f"{fab.name!r} is already the name of fabrics[{names[fab.name]}]",
+            )
+        names[fab.name] = i
+        if not fab.hcas:
+            raise ConfigError(
+                path,
+                f"fabrics[{i}].hcas",
+                f"fabric {fab.name!r} lists no HCAs ({list(fab.hcas)!r}); a fabric needs at "
+                "least one, e.g. hcas: [mlx5_0]",
+            )
+        if fab.rate_gbps < 0:
+            raise ConfigError(path, f"fabrics[{i}].rate_gbps", f"{fab.rate_gbps:g} is negative")
+        for hca in fab.hcas:
+            if hca in hca_owner:
+                other = hca_owner[hca]
+                where = "this fabric" if other == i else f"fabrics[{other}]"
+                raise ConfigError(
+                    path,
+                    f"fabrics[{i}].hcas",
+                    f"HCA {hca!r} is already listed in {where}; an HCA belongs to one fabric",
+                )
+            hca_owner[hca] = i
+
+
+def _check_model_dirs(path: str, cfg: AgentConfig) -> None:
+    seen: dict[str, int] = {}
+    for i, md in enumerate(cfg.model_dirs or ()):
+        if not md.path.strip():
+            raise ConfigError(path, f"model_dirs[{i}].path", f"{md.path!r} is empty")
+        if md.path in seen:
+            raise ConfigError(path, f"model_dirs[{i}]", f"{md.path!r} is already model_dirs[{seen[md.path]}]")
+        seen[md.path] = i

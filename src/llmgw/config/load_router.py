@@ -1,0 +1,72 @@
+"""Load conf/router.toml into RouterConfig, strictly."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import attrs
+from cattrs import Converter
+
+from llmgw.config._strict import (
+    check_host_port,
+    check_key_file,
+    check_readable_file,
+    check_tcp_address,
+    describe,
+    make_converter,
+    read_toml,
+    structure,
+)
+from llmgw.config.router import POLICIES, RouterConfig
+from llmgw.errors import ConfigError
+
+_INTERNAL_KEYS = ("source",)
+
+
+@cache
+def _converter() -> Converter:
+    return make_converter()
+
+
+def load_router_config(path: str) -> RouterConfig:
+    """Read and check a router configuration file. Raises ConfigError."""
+    data = read_toml(path)
+    for key in _INTERNAL_KEYS:
+        if key in data:
+            raise ConfigError(path, key, f"unknown key, with value {describe(data[key])}")
+    cfg = structure(_converter(), data, RouterConfig, source=path)
+    cfg = attrs.evolve(cfg, source=path)
+    _check(path, cfg)
+    return cfg
+
+
+def _check(path: str, cfg: RouterConfig) -> None:
+    check_host_port(path, "bind", cfg.bind)
+    check_tcp_address(path, "server", cfg.server)
+    if cfg.max_body_bytes < 1:
+        raise ConfigError(path, "max_body_bytes", f"{cfg.max_body_bytes} must be at least 1")
+    for name, route in cfg.models.items():
+        if route.policy not in POLICIES:
+            raise ConfigError(
+                path,
+                f"models.{name}.policy",
+                f"{route.policy!r} is not one of " + ", ".join(f'"{p}"' for p in POLICIES),
+            )
+        if route.prefix_chars < 1:
+            raise ConfigError(path, f"models.{name}.prefix_chars", f"{route.prefix_chars} must be at least 1")
+    if cfg.api_keys_file:
+        check_readable_file(path, "api_keys_file", cfg.api_keys_file)
+    check_key_file(
+        path,
+        "keys.secret_key",
+        cfg.keys.secret_key,
+        secret=True,
+        hint="make it with `llmgw keys issue router NAME --dir DIR` on the server",
+    )
+    check_key_file(
+        path,
+        "keys.server_key",
+        cfg.keys.server_key,
+        secret=False,
+        hint="copy server.key from the folder `llmgw keys init` made on the server",
+    )

@@ -1,0 +1,45 @@
+"""The router's configuration (conf/router.toml). Shapes only here; loading in load_router.py.
+
+Durations are float seconds once loaded; files say `250ms`, `1s`, `5m`.
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from llmgw.config.duration import Duration
+
+POLICIES = ("least_outstanding", "prefix_affinity")
+
+
+@frozen
+class RouterKeysConfig:
+    secret_key: str  # the router's secret key file (`llmgw keys issue router NAME` wrote it)
+    server_key: str  # the server's public key file
+
+
+@frozen
+class ModelRouteConfig:
+    # How requests for this model pick a replica: "least_outstanding" or "prefix_affinity".
+    policy: str = "least_outstanding"
+    # With prefix_affinity: how many leading characters of the prompt choose the replica.
+    prefix_chars: int = 256
+
+
+@frozen
+class RouterConfig:
+    server: str  # tcp://host:port
+    keys: RouterKeysConfig
+    bind: str = "127.0.0.1:8080"  # host:port for HTTP
+    api_keys_file: str = ""  # "" = no client authentication
+    max_body_bytes: int = 8 * 1024 * 1024
+    connect_timeout: Duration = 1.0
+    first_byte_timeout: Duration = 300.0
+    idle_timeout: Duration = 60.0
+    eject_for: Duration = 10.0  # a replica that failed is skipped this long
+    metrics_interval: Duration = 0.25
+    metrics_stale_after: Duration = 2.0
+    table_poll_interval: Duration = 1.0
+    # Per served model name; a model not listed uses ModelRouteConfig()'s defaults.
+    models: dict[str, ModelRouteConfig] = field(factory=dict)
+    source: str = ""
