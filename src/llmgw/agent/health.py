@@ -1,0 +1,108 @@
+"""Engine health: a raw HTTP/1.1 probe of GET /health and the counting around it.
+
+The counting (`HealthTracker`) is pure: it is fed probe results and the time, and says
+what changed. `watch_health` is the trio shell that probes every interval.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+
+import trio
+from attrs import define
+
+log = logging.getLogger(__name__)
+
+FAILURES_TO_UNHEALTHY = 3
+
+
+class HealthEvent(enum.StrEnum):
+    READY = "ready"  # first 200 (or the first again after being unhealthy)
+    UNHEALTHY = "unhealthy"  # three failures in a row once ready
+    STARTUP_TIMEOUT = "startup_timeout"  # never ready within the startup timeout
+
+
+@define
+class HealthTracker:
+    """Pure counting of probe results. `deadline` is when startup gives up."""
+
+    deadline: float
+    ready: bool = False
+    healthy: bool = False
+    failures: int = 0
+    timed_out: bool = False
+
+    def observe(self, ok: bool, now: float) -> HealthEvent | None:
+        if self.timed_out:
+            return None
+        if ok:
+            self.failures = 0
+            if not self.healthy:
+                self.ready = True
+                self.healthy = True
+                return HealthEvent.READY
+            return None
+        self.failures += 1
+        if not self.ready:
+            if now >= self.deadline:
+                self.timed_out = True
+                return HealthEvent.STARTUP_TIMEOUT
+            return None
+        if self.healthy and self.failures >= FAILURES_TO_UNHEALTHY:
+            self.healthy = False
+            return HealthEvent.UNHEALTHY
+        return None
+
+
+Probe = Callable[[], Awaitable[bool]]
+
+
+async def http_health(host: str, port: int, *, timeout: float = 2.0, path: str = "/health") -> bool:
+    """True when GET `path` answers 200 within `timeout`. Refused, hung or other: False."""
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Connection: close\r\nUser-Agent: llmgw-agent\r\n\r\n"
+    ).encode()
+    with trio.move_on_after(timeout):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return False
+        async with stream:
+            try:
+                await stream.send_all(request)
+                head = b""
+                while b"\r\n" not in head and len(head) < 4096:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+        status = head.split(b"\r\n", 1)[0].split()
+        return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1] == b"200"
+    return False
+
+
+async def watch_health(
+    probe: Probe,
+    *,
+    interval: float,
+    startup_timeout: float,
+    on_event: Callable[[HealthEvent], None],
+) -> None:
+    """Probe every `interval` forever; call `on_event` on each change.
+
+    Returns after a startup timeout (nothing more to watch: the caller stops the engine).
+    """
+    tracker = HealthTracker(deadline=trio.current_time() + startup_timeout)
+    while True:
+        ok = await probe()
+        event = tracker.observe(ok, trio.current_time())
+        if event is not None:
+            on_event(event)
+            if event is HealthEvent.STARTUP_TIMEOUT:
+                return
+        await trio.sleep(interval)

@@ -1,0 +1,257 @@
+"""The engine supervisor: converges on the desired set, watches engines, adopts orphans.
+
+One nursery per engine holds its exit watcher, its health checker and its stopper; one
+engine's failure never reaches another. Cancelling `serve` (the agent stopping) leaves
+every engine running in its own session: only `apply` without a spec stops one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+import trio
+from attrs import define, evolve, field
+
+from llmgw.agent import procs
+from llmgw.agent.adopt import Adopted, Gone, adopt_records
+from llmgw.agent.converge import Start, Stop, converge
+from llmgw.agent.health import HealthEvent, http_health, watch_health
+from llmgw.agent.logtail import tail_lines
+from llmgw.agent.plans import Plan, PlanFn, default_plan, spawn_plan
+from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
+from llmgw.config.agent import AgentConfig
+from llmgw.model.engine import EngineReport, EngineSpec, EngineState
+
+log = logging.getLogger(__name__)
+
+
+@define(eq=False)
+class _Engine:
+    record: EngineRecord
+    health: bool  # False: liveness only (SGLang ranks > 0, headless and Ray members)
+    report: EngineReport
+    stop_reason: str = ""
+    failed: str = ""  # why it failed to start, when it did
+    stop_requested: trio.Event = field(factory=trio.Event)
+    done: trio.Event = field(factory=trio.Event)
+
+    @property
+    def spec(self) -> EngineSpec:
+        return self.record.spec
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: AgentConfig,
+        on_report: Callable[[EngineReport], None],
+        *,
+        python: str = sys.executable,
+        plan: PlanFn | None = None,
+    ) -> None:
+        self._config = config
+        self._sup = config.supervisor
+        self._on_report = on_report
+        self._plan: PlanFn = plan or default_plan(config, python)
+        self._engines: dict[str, _Engine] = {}
+        self._exited: dict[str, EngineReport] = {}
+        self._nursery: trio.Nursery | None = None
+        self._lock = trio.Lock()
+
+    # ---- public API ----
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Adopt recorded engines, then host engine nurseries until cancelled."""
+        found = await adopt_records(self._sup.work_dir)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                for item in found:
+                    if isinstance(item, Adopted):
+                        self._launch_watch(item.record, "adopted after agent restart")
+                    else:
+                        self._report_gone(item)
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def reports(self) -> tuple[EngineReport, ...]:
+        live = [e.report for e in self._engines.values()]
+        return tuple(sorted([*live, *self._exited.values()], key=lambda r: r.replica_id))
+
+    async def apply(self, desired: tuple[EngineSpec, ...]) -> None:
+        """Converge on `desired`: start what is missing, stop what is not wanted."""
+        async with self._lock:
+            running = {rid: e.spec.generation for rid, e in self._engines.items()}
+            actions = converge(desired, running)
+            wanted = {s.replica_id for s in desired}
+            for rid in [r for r in self._exited if r not in wanted]:
+                del self._exited[rid]
+            stops = [a for a in actions if isinstance(a, Stop)]
+            async with trio.open_nursery() as nursery:
+                for stop in stops:
+                    nursery.start_soon(self._stop, stop)
+            for action in actions:
+                if isinstance(action, Start):
+                    self._start(action.spec)
+
+    def log_tail(self, replica_id: str, lines: int) -> tuple[str, ...]:
+        try:
+            path = os.path.join(engine_dir(self._sup.work_dir, replica_id), LOG)
+        except ValueError:
+            return ()
+        return tail_lines(path, lines)
+
+    # ---- internals ----
+
+    def _emit(self, eng: _Engine, state: EngineState, reason: str, **changes: object) -> None:
+        eng.report = evolve(eng.report, state=state, reason=reason, **changes)  # type: ignore[arg-type]
+        log.info("engine %s gen %d: %s (%s)", eng.spec.replica_id, eng.spec.generation,
+                 state, reason)
+        self._call(eng.report)
+
+    def _call(self, report: EngineReport) -> None:
+        try:
+            self._on_report(report)
+        except Exception:
+            log.exception("on_report failed for %s", report.replica_id)
+
+    def _nursery_or_raise(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("Supervisor.serve is not running")
+        return self._nursery
+
+    def _endpoint(self, spec: EngineSpec, health: bool) -> str:
+        return f"http://{self._config.mgmt_addr}:{spec.port}" if health else ""
+
+    def _start(self, spec: EngineSpec) -> None:
+        nursery = self._nursery_or_raise()
+        rid = spec.replica_id
+        prev = self._exited.pop(rid, None)
+        restarts = prev.restarts + 1 if prev and prev.generation == spec.generation else 0
+        folder = engine_dir(self._sup.work_dir, rid)
+        os.makedirs(folder, exist_ok=True)
+        log_path = os.path.join(folder, LOG)
+        procs.rotate_log(log_path, self._sup.log_max_bytes)
+        record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts)
+        try:
+            plan: Plan = self._plan(spec)
+            # Pending first: an agent killed between spawn and the completed record
+            # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
+            write_record(self._sup.work_dir, record)
+            pid = spawn_plan(plan, folder, log_path,
+                                   procs.replica_tag(rid, spec.generation))
+            started = procs.start_time(pid)
+            if started is None:  # died at once; its exit is reaped by the watcher below
+                started = 0
+            record = record.completed(pid, pid, started)
+            write_record(self._sup.work_dir, record)
+        except Exception as exc:
+            log.exception("engine %s could not be started", rid)
+            remove_record(self._sup.work_dir, rid)
+            report = EngineReport(rid, spec.generation, EngineState.EXITED,
+                                  reason=f"could not start: {exc}", restarts=restarts,
+                                  log_tail=tail_lines(log_path, self._sup.log_lines))
+            self._exited[rid] = report
+            self._call(report)
+            return
+        eng = _Engine(record=record, health=plan.health,
+                      report=EngineReport(rid, spec.generation, EngineState.STARTING,
+                                          endpoint=self._endpoint(spec, plan.health),
+                                          pid=pid, restarts=restarts))
+        self._engines[rid] = eng
+        self._emit(eng, EngineState.STARTING, "started")
+        nursery.start_soon(self._run, eng)
+
+    def _launch_watch(self, record: EngineRecord, reason: str) -> None:
+        nursery = self._nursery_or_raise()
+        spec = record.spec
+        health = self._plan(spec).health
+        eng = _Engine(record=record, health=health,
+                      report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
+                                          endpoint=self._endpoint(spec, health),
+                                          pid=record.pid, restarts=record.restarts))
+        self._engines[spec.replica_id] = eng
+        self._emit(eng, EngineState.STARTING, reason)
+        nursery.start_soon(self._run, eng)
+
+    def _report_gone(self, gone: Gone) -> None:
+        rec = gone.record
+        report = EngineReport(rec.spec.replica_id, rec.spec.generation, EngineState.EXITED,
+                              pid=rec.pid, reason=gone.reason, restarts=rec.restarts,
+                              log_tail=tail_lines(rec.log_path, self._sup.log_lines))
+        self._exited[rec.spec.replica_id] = report
+        remove_record(self._sup.work_dir, rec.spec.replica_id)
+        self._call(report)
+
+    async def _stop(self, stop: Stop) -> None:
+        eng = self._engines.get(stop.replica_id)
+        if eng is None:
+            return
+        eng.stop_reason = stop.reason
+        eng.stop_requested.set()
+        await eng.done.wait()
+
+    async def _run(self, eng: _Engine) -> None:
+        rec = eng.record
+        killed = False
+        async with trio.open_nursery() as nursery:
+
+            async def stopper() -> None:
+                nonlocal killed
+                await eng.stop_requested.wait()
+                self._emit(eng, EngineState.STOPPING, eng.stop_reason)
+                killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
+
+            nursery.start_soon(stopper)
+            if eng.health:
+                nursery.start_soon(self._watch_health, eng)
+            else:
+                self._emit(eng, EngineState.READY, "running (watched for liveness only)")
+            code = await procs.wait_exit(rec.pid, rec.start_time)
+            if not eng.stop_requested.is_set():
+                nursery.cancel_scope.cancel()
+        # The leader is gone; members it left in its session (its workers, Ray) go too.
+        if procs.session_pids(rec.sid):
+            killed = await procs.stop_session(rec.sid, self._sup.stop_timeout) or killed
+        if eng.failed:
+            reason = eng.failed
+        elif eng.stop_requested.is_set():
+            reason = f"stopped: {eng.stop_reason}"
+            if killed:
+                reason += f" (SIGKILL after {self._sup.stop_timeout:g}s)"
+        elif code is None:
+            reason = "exited (exit code unknown: adopted process)"
+        else:
+            reason = f"exited with code {code}"
+        tail = tail_lines(rec.log_path, self._sup.log_lines)
+        del self._engines[rec.spec.replica_id]
+        remove_record(self._sup.work_dir, rec.spec.replica_id)
+        self._emit(eng, EngineState.EXITED, reason, exit_code=code, log_tail=tail)
+        if not eng.stop_requested.is_set() or eng.failed:
+            self._exited[rec.spec.replica_id] = eng.report
+        eng.done.set()
+
+    async def _watch_health(self, eng: _Engine) -> None:
+        host, port = self._config.mgmt_addr, eng.spec.port
+
+        async def probe() -> bool:
+            return await http_health(host, port, timeout=max(0.5, self._sup.health_interval))
+
+        def on_event(event: HealthEvent) -> None:
+            if event is HealthEvent.READY:
+                self._emit(eng, EngineState.READY, "health check answered 200")
+            elif event is HealthEvent.UNHEALTHY:
+                self._emit(eng, EngineState.UNHEALTHY, "three health checks failed in a row")
+            else:
+                eng.failed = f"not ready within {eng.spec.startup_timeout:g}s"
+                self._emit(eng, EngineState.FAILED, eng.failed)
+                eng.stop_reason = "failed to start in time"
+                eng.stop_requested.set()
+
+        await watch_health(probe, interval=self._sup.health_interval,
+                           startup_timeout=eng.spec.startup_timeout, on_event=on_event)
