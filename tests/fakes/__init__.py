@@ -1,0 +1,1 @@
+"""Fakes for tests: fake nvidia-smi scripts, sysfs trees, model folders, engines."""
