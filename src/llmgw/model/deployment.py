@@ -1,0 +1,195 @@
+"""Deployments (what the operator asked for) and replicas (where the server put them).
+
+A Deployment is the desired state as loaded from a YAML file. A Replica is one copy of
+it, placed onto one node (or, for `nodes > 1`, a gang of members in one fabric). Each
+replica keeps the spec it was created from, so a replica of an older spec keeps running
+that spec while a rolling update replaces it.
+
+Replica ids are `f"{deployment}-{index}"` and stable for the replica's life. The
+generation is bumped whenever the replica is started afresh (a restart after a crash, a
+re-placement after node loss); agents run engines keyed by (replica id, generation),
+so an engine of an older generation is fenced off by the node's desired set.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+
+from attrs import Factory, field, frozen
+
+from .engine import EngineKind, EngineSpec, GangSpec
+
+# Ports reserved on each member of a Ray gang for that replica's Ray processes.
+RAY_PORT_BLOCK = 16
+
+
+class Strategy(enum.StrEnum):
+    SPREAD = "spread"  # most free GPUs left: spread load
+    PACK = "pack"  # fewest free GPUs left: keep whole nodes free for large replicas
+
+
+@frozen
+class Deployment:
+    name: str
+    model: str  # "org/name" id or absolute path
+    engine: EngineKind
+    gpus_per_node: int  # tensor-parallel size
+    replicas: int
+    nodes: int = 1  # members per replica; above 1 the replica spans one fabric
+    served_name: str = field(default=Factory(lambda self: self.model, takes_self=True))
+    gpu_memory_min: int = 0  # MiB per GPU; 0: any
+    selector: dict[str, str] = field(factory=dict)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(factory=dict)
+    startup_timeout: float = 600.0  # seconds
+    strategy: Strategy = Strategy.SPREAD
+
+    @property
+    def gang(self) -> bool:
+        return self.nodes > 1
+
+    def template_hash(self) -> str:
+        """Fingerprint of everything that shapes a replica (all but the replica count).
+
+        Two specs with the same hash run the same engines; a change of hash rolls.
+        """
+        data = {
+            "model": self.model,
+            "served_name": self.served_name,
+            "engine": str(self.engine),
+            "gpus_per_node": self.gpus_per_node,
+            "nodes": self.nodes,
+            "gpu_memory_min": self.gpu_memory_min,
+            "selector": sorted(self.selector.items()),
+            "args": list(self.args),
+            "env": sorted(self.env.items()),
+            "startup_timeout": self.startup_timeout,
+            "strategy": str(self.strategy),
+        }
+        raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+
+class ReplicaState(enum.StrEnum):
+    PENDING = "pending"  # not placed (unschedulable for now, reason given)
+    STARTING = "starting"  # placed; engines not all ready yet
+    READY = "ready"
+    UNHEALTHY = "unhealthy"  # an engine answers badly
+    BACKOFF = "backoff"  # exited or failed; restarts at backoff_until
+    CRASH_LOOPING = "crash-looping"  # in backoff after repeated failures
+    HELD = "held"  # on a lost node, re-placement held by the mass-loss guard
+
+
+@frozen
+class Member:
+    """One node's part of a replica: its GPUs and the ports it binds."""
+
+    node_id: str
+    rank: int
+    gpus: tuple[str, ...]  # GPU UUIDs
+    port: int  # engine HTTP port on this node
+    addr: str = ""  # the node's mgmt address at placement time
+    # Gangs: the head's (rank 0) rendezvous and Ray GCS ports, copied onto every member.
+    rendezvous_port: int = 0
+    ray_port: int = 0
+    ray_port_base: int = 0  # first of RAY_PORT_BLOCK ports on this node; 0: none
+    hcas: tuple[str, ...] = ()  # the fabric's HCAs on this node
+
+    def bound_ports(self) -> tuple[int, ...]:
+        """The ports this member occupies on its node."""
+        ports = [self.port]
+        if self.rank == 0:
+            ports += [p for p in (self.rendezvous_port, self.ray_port) if p]
+        if self.ray_port_base:
+            ports += range(self.ray_port_base, self.ray_port_base + RAY_PORT_BLOCK)
+        return tuple(ports)
+
+
+@frozen
+class Replica:
+    id: str
+    deployment: str
+    index: int
+    spec: Deployment  # the spec this replica was created from
+    generation: int = 1
+    members: tuple[Member, ...] = ()  # empty: not placed
+    state: ReplicaState = ReplicaState.PENDING
+    fabric: str = ""  # gangs: the fabric every member shares
+    restarts: int = 0  # consecutive failed starts (reset once ready for a while)
+    backoff_until: float = 0.0
+    last_log_tail: tuple[str, ...] = ()
+    reason: str = ""  # why pending / held / waiting, for status
+    replaces: str = ""  # surge: the replica this one takes over from once ready
+    ready_since: float = 0.0
+    placed_at: float = 0.0
+
+    @property
+    def placed(self) -> bool:
+        return bool(self.members)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(m.node_id for m in self.members)
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(g for m in self.members for g in m.gpus)
+
+    @property
+    def endpoint(self) -> str:
+        """The head's engine URL; empty when not placed."""
+        if not self.members:
+            return ""
+        head = self.members[0]
+        return f"http://{head.addr}:{head.port}" if head.addr else ""
+
+    @property
+    def wants_engines(self) -> bool:
+        """True when its engines belong in the desired sets (placed, not waiting)."""
+        return self.placed and self.state not in (
+            ReplicaState.BACKOFF,
+            ReplicaState.CRASH_LOOPING,
+            ReplicaState.PENDING,
+        )
+
+    def engine_specs(self) -> tuple[EngineSpec, ...]:
+        """One EngineSpec per member, in rank order."""
+        d = self.spec
+        out = []
+        head = self.members[0] if self.members else None
+        for m in self.members:
+            gang = None
+            if d.nodes > 1 and head is not None:
+                gang = GangSpec(
+                    nnodes=d.nodes,
+                    rank=m.rank,
+                    head_addr=head.addr,
+                    rendezvous_port=head.rendezvous_port,
+                    hcas=m.hcas,
+                    ray_port=head.ray_port,
+                    ray_port_base=m.ray_port_base,
+                )
+            out.append(
+                EngineSpec(
+                    replica_id=self.id,
+                    generation=self.generation,
+                    deployment=self.deployment,
+                    model=d.model,
+                    served_name=d.served_name,
+                    engine=d.engine,
+                    gpus=m.gpus,
+                    port=m.port,
+                    tensor_parallel=d.gpus_per_node,
+                    args=d.args,
+                    env=dict(d.env),
+                    startup_timeout=d.startup_timeout,
+                    gang=gang,
+                )
+            )
+        return tuple(out)
+
+
+def replica_id(deployment: str, index: int) -> str:
+    return f"{deployment}-{index}"
