@@ -1,0 +1,93 @@
+"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}} with a status."""
+
+from __future__ import annotations
+
+import json
+
+
+class ApiError(Exception):
+    """An answer to the client that is an error. Raised inside the router, never escapes."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+
+    def payload(self) -> dict[str, object]:
+        return error_payload(self.message, self.type, self.code, self.param)
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload()).encode()
+
+
+def error_payload(
+    message: str, type_: str, code: str | None = None, param: str | None = None
+) -> dict[str, object]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def sse_error_event(message: str, code: str = "upstream_error") -> bytes:
+    """The SSE event that ends a stream whose engine failed after the first byte."""
+    body = json.dumps(error_payload(message, "server_error", code))
+    return b"data: " + body.encode() + b"\n\n"
+
+
+def bad_json(detail: str) -> ApiError:
+    return ApiError(400, f"We could not parse the JSON body of your request: {detail}")
+
+
+def no_model() -> ApiError:
+    return ApiError(400, "you must provide a model parameter", param="model")
+
+
+def unknown_model(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key")
+
+
+def no_replica(model: str) -> ApiError:
+    return ApiError(
+        503,
+        f"no replica of `{model}` is ready to serve; try again shortly",
+        type_="server_error",
+        code="no_ready_replica",
+    )
+
+
+def upstream_failed(model: str, detail: str) -> ApiError:
+    return ApiError(
+        502,
+        f"every replica of `{model}` tried failed: {detail}",
+        type_="server_error",
+        code="upstream_error",
+    )
+
+
+def not_found(path: str) -> ApiError:
+    return ApiError(404, f"no route for {path}", code="not_found")
+
+
+def method_not_allowed(method: str, path: str) -> ApiError:
+    return ApiError(405, f"{method} is not allowed on {path}", code="method_not_allowed")

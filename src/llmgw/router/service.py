@@ -1,0 +1,298 @@
+"""The router service: HTTP front door → balancer → pooled engine connections.
+
+`serve_router(config, table_source=...)` runs until cancelled. `table_source(since)` is an
+async callable returning the endpoint table {"version", "models"} (see table.py); the
+router keeps its last table while the source fails. `run_router(config, request)` wires
+the real source: the server's "endpoints" op over `llmgw.transport.client.request`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import h11
+import trio
+
+from llmgw.config.router import RouterConfig
+from llmgw.router import errors
+from llmgw.router.auth import ApiKey, KeyFile
+from llmgw.router.balancer import Replica, prefix_key
+from llmgw.router.errors import ApiError
+from llmgw.router.http import BadRequest, ClientConn, Request, TooLarge, set_nodelay
+from llmgw.router.loadwatch import watch_load
+from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
+from llmgw.router.metrics import RouterMetrics
+from llmgw.router.table import EndpointTable
+from llmgw.router.upstream import Failed, Relay, UpstreamPool, fetch_text
+
+log = logging.getLogger("llmgw.router")
+
+TableSource = Callable[[int], Awaitable[Mapping[str, Any] | None]]
+JSON = b"application/json"
+PROXIED = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
+MAX_TRIES = 3
+
+
+class Router:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        policies = {
+            name: (m.policy == "prefix_affinity", m.prefix_chars) for name, m in config.models.items()
+        }
+        self.table = EndpointTable(policies)
+        self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
+        self.metrics = RouterMetrics()
+        self.upstream = UpstreamPool(config.connect_timeout)
+        self.relay = Relay(self.upstream, config, self.metrics, self._eject)
+        self._stale = config.metrics_stale_after
+
+    # ---- background loops -------------------------------------------------------------
+
+    async def poll_table(self, source: TableSource) -> None:
+        failing = False
+        while True:
+            try:
+                snap = await source(self.table.version)
+            except Exception as exc:  # the source is foreign code: log, keep the last table
+                if not failing:
+                    log.warning(
+                        "endpoint table source failed (%s); serving from table version %d",
+                        exc,
+                        self.table.version,
+                    )
+                failing = True
+            else:
+                if failing:
+                    log.info("endpoint table source answers again")
+                failing = False
+                if snap and self.table.apply(snap):
+                    log.info(
+                        "endpoint table version %d: %s",
+                        self.table.version,
+                        {m: len(p.replicas) for m, p in self.table.pools.items()},
+                    )
+            await trio.sleep(self.config.table_poll_interval)
+
+    async def _fetch_metrics(self, r: Replica, timeout: float) -> str:
+        return await fetch_text(self.upstream, r.host, r.port, b"/metrics", timeout)
+
+    # ---- per connection -----------------------------------------------------------------
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        set_nodelay(stream)
+        client = ClientConn(stream, self.config.max_body_bytes)
+        try:
+            while True:
+                try:
+                    with trio.move_on_after(self.config.idle_timeout):
+                        req = await client.next_request()
+                except TooLarge:
+                    err = errors.too_large(self.config.max_body_bytes)
+                    await client.respond(err.status, JSON, err.body(), close=True)
+                    self.metrics.count("", 413)
+                    return
+                except BadRequest as exc:
+                    if client.can_respond:
+                        err = ApiError(400, f"malformed HTTP request: {exc}")
+                        await client.respond(400, JSON, err.body(), close=True)
+                    return
+                if req is None:
+                    return
+                await self.dispatch(client, req)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away; nothing to answer
+        except h11.LocalProtocolError as exc:
+            log.debug("closing client connection: %s", exc)
+        finally:
+            stream.socket.close()
+
+    async def dispatch(self, client: ClientConn, req: Request) -> None:
+        target = req.target
+        q = target.find(b"?")
+        path = target if q < 0 else target[:q]
+        try:
+            if path in PROXIED:
+                if req.method != b"POST":
+                    raise errors.method_not_allowed(req.method.decode(), path.decode())
+                await self.proxy(client, req, path)
+            elif path == b"/v1/models":
+                key = self._auth(req)
+                names = self.table.ready_models()
+                if key is not None:
+                    names = [n for n in names if key.allows(n)]
+                data = [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw"} for n in names]
+                body = json.dumps({"object": "list", "data": data}).encode()
+                await client.respond(200, JSON, body)
+            elif path == b"/health":
+                await client.respond(200, JSON, b'{"status":"ok"}')
+            elif path == b"/metrics":
+                await client.respond(200, METRICS_TYPE, self.metrics.render())
+            else:
+                raise errors.not_found(path.decode(errors="replace"))
+        except ApiError as err:
+            if client.can_respond:
+                await client.respond(err.status, JSON, err.body())
+
+    def _auth(self, req: Request) -> ApiKey | None:
+        if self.keys is None:
+            return None
+        key = self.keys.check(req.header(b"authorization"), trio.current_time())
+        if key is None:
+            raise errors.unauthorized("Incorrect or missing API key.")
+        return key
+
+    async def proxy(self, client: ClientConn, req: Request, path: bytes) -> None:
+        t0 = trio.current_time()
+        model = ""
+        status = 500
+        self.metrics.in_flight.inc()
+        try:
+            key = self._auth(req)
+            try:
+                body = json.loads(req.body)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise errors.bad_json(str(exc)) from None
+            if not isinstance(body, dict):
+                raise errors.bad_json("expected a JSON object")
+            m = body.get("model")
+            if not isinstance(m, str) or not m:
+                raise errors.no_model()
+            pool = self.table.pools.get(m)
+            if pool is None or (key is not None and not key.allows(m)):
+                if self.table.version < 0:
+                    raise errors.no_replica(m)
+                raise errors.unknown_model(m)
+            model = m
+            streaming = body.get("stream") is True
+            akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
+            status = await self._forward(client, req, path, pool, akey, streaming, model)
+        except ApiError as err:
+            status = err.status
+            if client.can_respond:
+                await client.respond(err.status, JSON, err.body())
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.count(model, status)
+            if model:
+                self.metrics.timers(model)[0].observe(trio.current_time() - t0)
+
+    async def _forward(
+        self,
+        client: ClientConn,
+        req: Request,
+        path: bytes,
+        pool: Any,
+        akey: str | None,
+        streaming: bool,
+        model: str,
+    ) -> int:
+        """Try up to MAX_TRIES replicas; returns the status the client got."""
+        tried: tuple[Replica, ...] = ()
+        last = ""
+        gone = False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_client, client, nursery.cancel_scope)
+            try:
+                for _ in range(MAX_TRIES):
+                    now = trio.current_time()
+                    r = pool.choose(now, self._stale, akey, tried)
+                    if r is None:
+                        break
+                    tried += (r,)
+                    r.outstanding += 1
+                    try:
+                        return await self.relay.run(client, req, path, r, streaming, model)
+                    except Failed as f:
+                        last = f"{r.replica_id}: {f}"
+                        if f.eject:
+                            self._eject(r, str(f))
+                        if not f.retry:
+                            raise ApiError(
+                                504, str(f), type_="server_error", code="upstream_timeout"
+                            ) from None
+                    finally:
+                        r.outstanding -= 1
+            finally:
+                gone = nursery.cancel_scope.cancel_called
+                nursery.cancel_scope.cancel()
+        if gone:
+            return 499  # the client went away; nothing to answer
+        if not tried:
+            raise errors.no_replica(model)
+        raise errors.upstream_failed(model, last)
+
+    def _eject(self, r: Replica, why: str) -> None:
+        now = trio.current_time()
+        if now >= r.ejected_until:
+            log.warning(
+                "replica %s (%s) ejected for %gs: %s", r.replica_id, r.url, self.config.eject_for, why
+            )
+            self.metrics.ejections.labels(r.replica_id).inc()
+        r.ejected_until = now + self.config.eject_for
+        self.upstream.drop_host(r.host, r.port)
+
+
+async def _watch_client(client: ClientConn, scope: trio.CancelScope) -> None:
+    """Cancel `scope` when the client closes its side while its request is served."""
+    try:
+        data = await client.stream.receive_some(65536)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        data = b""
+    if data:
+        client.pending += data  # a pipelined request: keep it for the next cycle
+        return
+    scope.cancel()
+
+
+def _split_bind(bind: str) -> tuple[str, int]:
+    host, _, port = bind.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def serve_router(
+    config: RouterConfig,
+    *,
+    table_source: TableSource,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
+    router = Router(config)
+    host, port = _split_bind(config.bind)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()
+    log.info("router listening on http://%s:%d", bound[0], bound[1])
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(router.poll_table, table_source)
+            nursery.start_soon(
+                watch_load,
+                lambda: list(router.table.replicas.values()),
+                router._fetch_metrics,
+                config.metrics_interval,
+            )
+            nursery.start_soon(trio.serve_listeners, router.handle, listeners)
+            task_status.started((bound[0], bound[1]))
+    finally:
+        router.upstream.close_all()
+
+
+async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]]) -> None:
+    """The `llmgw router` entry: table from the server's "endpoints" op via `request`
+    (llmgw.transport.client.request), then serve until cancelled."""
+    timeout = max(2.0, config.table_poll_interval * 2)
+
+    async def source(since: int) -> Mapping[str, Any] | None:
+        result = await request(
+            config.server,
+            config.keys.secret_key,
+            config.keys.server_key,
+            "endpoints",
+            {"since": since},
+            timeout,
+        )
+        return result if isinstance(result, Mapping) else None
+
+    await serve_router(config, table_source=source)
