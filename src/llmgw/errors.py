@@ -68,3 +68,7 @@ class RequestFailedError(LlmgwError):
     """The server answered a ctl request with an error."""
 
     exit_code = 1
+
+
+class EngineError(LlmgwError):
+    """An engine spec that cannot be turned into a launch plan on this node."""

@@ -1,0 +1,42 @@
+"""What a launch plan is: the processes to start for one engine spec on this node.
+
+Pure data. The supervisor merges each process's `env` over its own environment, starts
+the processes in order in one new session, and, when `wait_for_ray_nodes` is set, waits
+between the earlier processes and the last one until the Ray cluster at `ray_address`
+counts that many alive nodes (`ray_status_argv` prints the status; `count_ray_nodes`
+in llmgw.agent.engines.ray reads it). The last process is the engine's main process.
+"""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+
+@frozen
+class ProcessPlan:
+    name: str  # "engine", "ray-head", "ray-worker": for logs
+    argv: tuple[str, ...]
+    # Only the variables llmgw sets or overrides; the supervisor merges them over its own
+    # environment. The deployment's own env is already applied (it wins).
+    env: dict[str, str] = field(factory=dict)
+    cwd: str = ""
+
+
+@frozen
+class LaunchPlan:
+    processes: tuple[ProcessPlan, ...]  # started in order; the last is the main process
+    # Whether GET /health on the spec's port tells the engine's health. False for gang
+    # members other than rank 0 (headless vLLM, Ray workers, SGLang's dummy health
+    # server): those are watched for liveness only.
+    health_checked: bool = True
+    # Ray head: wait until the cluster counts this many alive nodes before the last process.
+    wait_for_ray_nodes: int = 0
+    ray_address: str = ""  # "head_addr:gcs_port" of this replica's own Ray cluster
+    ray_status_argv: tuple[str, ...] = ()  # e.g. (ray_bin, "status", "--address", addr)
+    # Deployment env keys that replaced a value llmgw would have set (the supervisor
+    # logs them, once per start).
+    env_overrides: tuple[str, ...] = ()
+
+    @property
+    def main(self) -> ProcessPlan:
+        return self.processes[-1]

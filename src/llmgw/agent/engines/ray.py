@@ -1,0 +1,98 @@
+"""Ray for vLLM's `launch_mode: ray`: one Ray cluster per replica.
+
+Several replicas' Ray clusters may share a node, so every replica's Ray processes get
+their own ports (a block from GangSpec.ray_port_base, laid out below) and their own
+temp dir (<work_dir>/engines/<replica>/ray). `ray stop` is never used: it kills every
+Ray process on the host by name; the supervisor stops by session instead.
+
+Flags checked against Ray 2.x `ray start --help` (2.40-2.50 era).
+"""
+
+from __future__ import annotations
+
+import re
+
+from llmgw.config.agent import AgentConfig
+from llmgw.model.engine import GangSpec
+
+# Offsets in the block of ports the server reserves from GangSpec.ray_port_base.
+NODE_MANAGER = 0
+OBJECT_MANAGER = 1
+METRICS_EXPORT = 2
+DASHBOARD_AGENT_GRPC = 3
+DASHBOARD_AGENT_LISTEN = 4
+RUNTIME_ENV_AGENT = 5
+RAY_CLIENT_SERVER = 6  # head only
+DASHBOARD = 7  # head only; the dashboard itself is off
+WORKERS_FIRST = 16
+# Size of the block placement must reserve per replica member: ports base .. base+63.
+RAY_PORT_BLOCK_SIZE = 64
+
+
+def ray_address(gang: GangSpec) -> str:
+    return f"{gang.head_addr}:{gang.ray_port}"
+
+
+def _port_flags(base: int, head: bool) -> tuple[str, ...]:
+    flags = [
+        f"--node-manager-port={base + NODE_MANAGER}",
+        f"--object-manager-port={base + OBJECT_MANAGER}",
+        f"--metrics-export-port={base + METRICS_EXPORT}",
+        f"--dashboard-agent-grpc-port={base + DASHBOARD_AGENT_GRPC}",
+        f"--dashboard-agent-listen-port={base + DASHBOARD_AGENT_LISTEN}",
+        f"--runtime-env-agent-port={base + RUNTIME_ENV_AGENT}",
+        f"--min-worker-port={base + WORKERS_FIRST}",
+        f"--max-worker-port={base + RAY_PORT_BLOCK_SIZE - 1}",
+    ]
+    if head:
+        flags += [
+            f"--ray-client-server-port={base + RAY_CLIENT_SERVER}",
+            f"--dashboard-port={base + DASHBOARD}",
+            "--include-dashboard=false",
+        ]
+    return tuple(flags)
+
+
+def ray_start_argv(gang: GangSpec, config: AgentConfig, temp_dir: str, num_gpus: int) -> tuple[str, ...]:
+    """`ray start --head ...` for rank 0, `ray start --address head:port ...` otherwise."""
+    ray = config.engines.vllm.ray_bin
+    if gang.rank == 0:
+        where: tuple[str, ...] = ("--head", f"--port={gang.ray_port}")
+    else:
+        where = (f"--address={ray_address(gang)}",)
+    return (
+        ray,
+        "start",
+        *where,
+        f"--node-ip-address={config.mgmt_addr}",
+        f"--num-gpus={num_gpus}",
+        f"--temp-dir={temp_dir}",
+        *_port_flags(gang.ray_port_base, head=gang.rank == 0),
+        "--disable-usage-stats",
+        "--block",
+    )
+
+
+def ray_status_argv(gang: GangSpec, config: AgentConfig) -> tuple[str, ...]:
+    return (config.engines.vllm.ray_bin, "status", f"--address={ray_address(gang)}")
+
+
+_NODE_LINE = re.compile(r"^\s*(\d+)\s+node_\S+")
+
+
+def count_ray_nodes(status_output: str) -> int:
+    """Alive nodes in `ray status` output: the "Active:" lines of "Node status"."""
+    count = 0
+    in_active = False
+    for line in status_output.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("Active:"):
+            in_active = True
+            continue
+        if in_active:
+            m = _NODE_LINE.match(line)
+            if m:
+                count += int(m.group(1))
+            elif stripped.endswith(":") or stripped.startswith("("):
+                in_active = False
+    return count

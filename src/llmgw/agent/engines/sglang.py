@@ -1,0 +1,51 @@
+"""SGLang launch plans: `python -m sglang.launch_server`, its documented entry point.
+
+Flags checked against the SGLang documentation (server arguments, multi-node
+deployment; v0.4/v0.5): `--model-path --served-model-name --host --port --tp`, and for
+several nodes the same command on every node with `--nnodes N --node-rank R
+--dist-init-addr HEAD:PORT`. SGLang's `--tp` is the tensor-parallel size of the whole
+replica across its nodes, so a multi-node replica passes the per-node size times nnodes.
+"""
+
+from __future__ import annotations
+
+from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
+from llmgw.config.agent import AgentConfig
+from llmgw.model.engine import EngineSpec
+
+
+def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
+    gang = spec.gang
+    multi = gang is not None and gang.nnodes > 1
+    tp = spec.tensor_parallel * (gang.nnodes if gang is not None and multi else 1)
+    argv: tuple[str, ...] = (
+        config.engines.sglang.python, "-m", "sglang.launch_server",
+        "--model-path", spec.model,
+        "--served-model-name", spec.served_name,
+        "--host", config.mgmt_addr,
+        "--port", str(spec.port),
+        "--tp", str(tp),
+    )  # fmt: skip
+    if gang is not None and multi:
+        argv += (
+            "--nnodes", str(gang.nnodes),
+            "--node-rank", str(gang.rank),
+            "--dist-init-addr", f"{gang.head_addr}:{gang.rendezvous_port}",
+        )  # fmt: skip
+    return argv + spec.args
+
+
+def sglang_plan(
+    spec: EngineSpec,
+    config: AgentConfig,
+    env: dict[str, str],
+    cwd: str,
+    overrides: tuple[str, ...],
+) -> LaunchPlan:
+    # Ranks other than 0 run a dummy health server that always says 200: liveness only.
+    rank0 = spec.gang is None or spec.gang.rank == 0
+    return LaunchPlan(
+        (ProcessPlan("engine", sglang_argv(spec, config), env, cwd),),
+        health_checked=rank0,
+        env_overrides=overrides,
+    )

@@ -1,0 +1,135 @@
+"""vLLM launch plans: one node, several nodes with `launch_mode: mp`, or with Ray.
+
+Multi-node flags checked against the vLLM documentation for v0.11/v0.12 ("Parallelism
+and scaling": every node runs `vllm serve MODEL --tensor-parallel-size T
+--pipeline-parallel-size N --nnodes N --node-rank R --master-addr HEAD [--master-port P]`,
+nodes other than rank 0 with `--headless`; Ray: `ray start` on every node, then
+`vllm serve ... --distributed-executor-backend ray` on the head). The executor backend is
+named explicitly in both modes so that vLLM's own choice cannot differ between versions.
+
+`engine` is the command that stands for `vllm` (the vLLM binary, or for the simulated
+engine `python -m llmgw.simengine`); everything after it is the same.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
+from llmgw.agent.engines.ray import ray_address, ray_start_argv, ray_status_argv
+from llmgw.config.agent import AgentConfig
+from llmgw.errors import ConfigError, EngineError
+from llmgw.model.engine import EngineSpec, GangSpec
+
+LAUNCH_MODES = ("ray", "mp")
+
+
+def _serving(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
+    return (
+        "--host", config.mgmt_addr,
+        "--port", str(spec.port),
+        "--served-model-name", spec.served_name,
+    )  # fmt: skip
+
+
+def single_node_argv(engine: tuple[str, ...], spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
+    return (
+        *engine, "serve", spec.model,
+        *_serving(spec, config),
+        "--tensor-parallel-size", str(spec.tensor_parallel),
+        *spec.args,
+    )  # fmt: skip
+
+
+def mp_argv(
+    engine: tuple[str, ...], spec: EngineSpec, gang: GangSpec, config: AgentConfig
+) -> tuple[str, ...]:
+    head = gang.rank == 0
+    return (
+        *engine, "serve", spec.model,
+        *(_serving(spec, config) if head else ()),
+        "--tensor-parallel-size", str(spec.tensor_parallel),
+        "--pipeline-parallel-size", str(gang.nnodes),
+        "--distributed-executor-backend", "mp",
+        "--nnodes", str(gang.nnodes),
+        "--node-rank", str(gang.rank),
+        "--master-addr", gang.head_addr,
+        "--master-port", str(gang.rendezvous_port),
+        *(() if head else ("--headless",)),
+        *spec.args,
+    )  # fmt: skip
+
+
+def ray_serve_argv(
+    engine: tuple[str, ...], spec: EngineSpec, gang: GangSpec, config: AgentConfig
+) -> tuple[str, ...]:
+    return (
+        *engine, "serve", spec.model,
+        *_serving(spec, config),
+        "--tensor-parallel-size", str(spec.tensor_parallel),
+        "--pipeline-parallel-size", str(gang.nnodes),
+        "--distributed-executor-backend", "ray",
+        *spec.args,
+    )  # fmt: skip
+
+
+def vllm_plan(
+    engine: tuple[str, ...],
+    spec: EngineSpec,
+    config: AgentConfig,
+    env: dict[str, str],
+    cwd: str,
+    overrides: tuple[str, ...],
+) -> LaunchPlan:
+    gang = spec.gang
+    if gang is None or gang.nnodes <= 1:
+        argv = single_node_argv(engine, spec, config)
+        return LaunchPlan((ProcessPlan("engine", argv, env, cwd),), env_overrides=overrides)
+    mode = config.engines.vllm.launch_mode
+    if mode == "mp":
+        argv = mp_argv(engine, spec, gang, config)
+        return LaunchPlan(
+            (ProcessPlan("engine", argv, env, cwd),),
+            health_checked=gang.rank == 0,
+            env_overrides=overrides,
+        )
+    if mode != "ray":
+        raise ConfigError(
+            config.source or "agent config",
+            "engines.vllm.launch_mode",
+            f"{mode!r} is not one of {', '.join(LAUNCH_MODES)}",
+        )
+    return _ray_plan(engine, spec, gang, config, env, cwd, overrides)
+
+
+def _ray_plan(
+    engine: tuple[str, ...],
+    spec: EngineSpec,
+    gang: GangSpec,
+    config: AgentConfig,
+    env: dict[str, str],
+    cwd: str,
+    overrides: tuple[str, ...],
+) -> LaunchPlan:
+    if not gang.ray_port or not gang.ray_port_base:
+        raise EngineError(
+            f"replica {spec.replica_id}: launch_mode ray needs the gang's ray_port and "
+            f"ray_port_base (got {gang.ray_port} and {gang.ray_port_base})"
+        )
+    temp_dir = posixpath.join(cwd, "ray")
+    start = ray_start_argv(gang, config, temp_dir, num_gpus=len(spec.gpus))
+    name = "ray-head" if gang.rank == 0 else "ray-worker"
+    ray_proc = ProcessPlan(name, start, env, cwd)
+    if gang.rank != 0:
+        return LaunchPlan((ray_proc,), health_checked=False, env_overrides=overrides)
+    # With its own --temp-dir, `ray.init(address="auto")` cannot find this cluster:
+    # tell vllm serve where it is, unless the deployment already did.
+    serve_env = {"RAY_ADDRESS": ray_address(gang), **env}
+    serve = ProcessPlan("engine", ray_serve_argv(engine, spec, gang, config), serve_env, cwd)
+    return LaunchPlan(
+        (ray_proc, serve),
+        wait_for_ray_nodes=gang.nnodes,
+        ray_address=ray_address(gang),
+        ray_status_argv=ray_status_argv(gang, config),
+        env_overrides=overrides,
+    )
