@@ -105,4 +105,13 @@ def classify(mounts: list[Mount], path: str) -> tuple[bool, str]:
     m = covering_mount(mounts, path)
     if m is None or not is_shared_fstype(m.fstype) or not m.source or m.source == "none":
         return False, ""
-    return True, m.source
+    return True, store_identity(m)
+
+
+def store_identity(m: Mount) -> str:
+    """The filer's name, the same on every node: the mount source (`host:/export`,
+    `mgs@o2ib:/fs`). Sources naming no server (`beegfs_nodev`, `ceph-fuse`, a GPFS device)
+    say nothing of which filer; the mount point is added, as clusters mount alike."""
+    if ":" in m.source or "@" in m.source:
+        return m.source
+    return f"{m.source}:{m.mount_point}"
