@@ -1,0 +1,292 @@
+"""Reconciliation: desired deployments, current replicas and engine reports -> next replicas.
+
+A pure function of data in and data out (time comes in as `now`). The service around
+it stores the replicas it returns, records the events, and sends each node in
+`changed_nodes` its whole desired set from `desired_sets(replicas)`.
+
+Rules, in the order one pass applies them:
+- A replica whose engines exited or failed waits out a capped exponential backoff, then
+  starts again with a new generation (a gang is placed afresh; a single node restarts in
+  place). After `crashloop_after` failures in a row it shows as crash-looping.
+- Gangs live and die together: one member failing or on a lost node stops all of them.
+- A suspect node's replicas stay. A lost node's replicas are placed elsewhere with a new
+  generation, so the node's desired set no longer holds the old one when it returns.
+- Mass-loss guard: more than `mass_loss_share` of nodes silent within one grace period
+  holds every re-placement, and `holding` says so.
+- Per deployment: a replacement that became ready retires what it replaces; scaling adds
+  or removes replicas; a draining node's replicas get a replacement first; a changed
+  spec rolls one replica at a time (surge one, else down then up).
+
+Generations are issued from one counter (`generation_floor` in, out) so they never
+repeat, not even for a replica id that was deleted and made again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from attrs import evolve, field, frozen
+
+from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
+from llmgw.model.engine import EngineReport, EngineSpec, EngineState
+from llmgw.model.node import NodeState
+
+from ._rollout import roll_deployment
+from .placement import ClusterView, NodeView, Placement, place
+
+S = ReplicaState
+
+
+@frozen
+class ReconcileSettings:
+    backoff_base: float = 5.0  # seconds before the first restart
+    backoff_cap: float = 300.0
+    crashloop_after: int = 3  # consecutive failures before "crash-looping"
+    stable_after: float = 60.0  # ready this long: the failure count starts again
+    mass_loss_share: float = 0.3
+    grace_period: float = 60.0  # the server's lost_after: the mass-loss guard's window
+
+
+@frozen
+class Event:
+    deployment: str
+    replica: str
+    text: str
+
+
+@frozen
+class ReconcileResult:
+    replicas: dict[str, Replica]
+    events: tuple[Event, ...] = ()
+    changed_nodes: frozenset[str] = frozenset()  # desired set differs from before
+    holding: str = ""  # the mass-loss guard's message; empty when not holding
+    generation_floor: int = 0  # persist and pass back in
+    next_wake: float | None = None  # earliest backoff end: run a pass then
+    pending: dict[str, str] = field(factory=dict)  # replica id -> why not placed
+
+
+class Pass:
+    """One reconcile pass's working state (local to reconcile(); never escapes)."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, NodeView],
+        replicas: Mapping[str, Replica],
+        now: float,
+        settings: ReconcileSettings,
+        floor: int,
+    ) -> None:
+        self.nodes = nodes
+        self.now = now
+        self.settings = settings
+        self.work: dict[str, Replica] = dict(replicas)
+        self.floor = max([floor, *(r.generation for r in replicas.values())])
+        self.events: list[Event] = []
+        self.view = ClusterView(nodes)
+        for r in replicas.values():
+            self.view.reserve(r.members)
+
+    def gen(self) -> int:
+        self.floor += 1
+        return self.floor
+
+    def event(self, r: Replica, text: str) -> None:
+        self.events.append(Event(r.deployment, r.id, text))
+
+    def put(self, r: Replica) -> Replica:
+        self.work[r.id] = r
+        return r
+
+    def drop(self, r: Replica, why: str) -> None:
+        self.view.release(r.members)
+        self.work.pop(r.id, None)
+        self.event(r, why)
+
+    def unplace(self, r: Replica) -> Replica:
+        self.view.release(r.members)
+        return self.put(evolve(r, members=(), fabric=""))
+
+    def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
+        """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
+        result = place(r.spec, self.view, exclude=exclude)
+        if not isinstance(result, Placement):
+            if r.reason != result.reason:
+                self.event(r, f"unschedulable: {result.reason}")
+            return self.put(evolve(r, state=S.PENDING, reason=result.reason))
+        self.view.reserve(result.members)
+        placed = evolve(
+            r,
+            members=result.members,
+            fabric=result.fabric,
+            generation=self.gen(),
+            state=S.STARTING,
+            reason="",
+            placed_at=self.now,
+            ready_since=0.0,
+        )
+        where = ", ".join(m.node_id for m in result.members)
+        self.event(placed, f"placed on {where} (generation {placed.generation})")
+        return self.put(placed)
+
+    def new_replica(self, d: Deployment, replaces: str = "") -> Replica:
+        used = {r.index for r in self.work.values() if r.deployment == d.name}
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        r = Replica(id=replica_id(d.name, index), deployment=d.name, index=index, spec=d)
+        r = evolve(r, replaces=replaces)
+        self.put(r)
+        return self.place(r)
+
+    def node_state(self, node_id: str) -> NodeState:
+        v = self.nodes.get(node_id)
+        return NodeState.LOST if v is None else v.state
+
+    def draining(self, node_id: str) -> bool:
+        v = self.nodes.get(node_id)
+        return v is not None and v.draining
+
+
+def reconcile(
+    deployments: Mapping[str, Deployment],
+    replicas: Mapping[str, Replica],
+    nodes: Mapping[str, NodeView],
+    reports: Mapping[str, Iterable[EngineReport]],
+    now: float,
+    settings: ReconcileSettings = ReconcileSettings(),
+    generation_floor: int = 0,
+) -> ReconcileResult:
+    """One pass. `reports`: node id -> that node's latest engine reports."""
+    p = Pass(nodes, replicas, now, settings, generation_floor)
+    holding = _mass_loss(nodes, now, settings)
+    by_key: dict[tuple[str, str, int], EngineReport] = {}
+    for node_id, rs in reports.items():
+        for rep in rs:
+            by_key[(node_id, rep.replica_id, rep.generation)] = rep
+
+    for rid in sorted(replicas):
+        r = p.work[rid]
+        d = deployments.get(r.deployment)
+        if d is None:
+            p.drop(r, "deployment deleted: stopped")
+            continue
+        _observe(p, r, by_key, holding)
+
+    for name in sorted(deployments):
+        roll_deployment(p, deployments[name])
+
+    new = p.work
+    before = desired_sets(replicas.values())
+    after = desired_sets(new.values())
+    changed = frozenset(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    waits = [r.backoff_until for r in new.values() if r.state in (S.BACKOFF, S.CRASH_LOOPING)]
+    return ReconcileResult(
+        replicas=new,
+        events=tuple(p.events),
+        changed_nodes=changed,
+        holding=holding,
+        generation_floor=p.floor,
+        next_wake=min(waits) if waits else None,
+        pending={r.id: r.reason for r in new.values() if r.state == S.PENDING},
+    )
+
+
+def _mass_loss(nodes: Mapping[str, NodeView], now: float, s: ReconcileSettings) -> str:
+    """The guard's message when too many nodes went silent within one grace period."""
+    if not nodes:
+        return ""
+    window = 2 * s.grace_period  # silent for up to one grace period before being lost
+    silent = sum(
+        1
+        for v in nodes.values()
+        if v.state != NodeState.READY and (v.silent_since is None or v.silent_since >= now - window)
+    )
+    if silent / len(nodes) > s.mass_loss_share:
+        return (
+            f"holding: {silent} of {len(nodes)} nodes silent, suspecting the server's own "
+            "network; no replica is placed again until they return or an operator acts"
+        )
+    return ""
+
+
+def _observe(
+    p: Pass, r: Replica, by_key: Mapping[tuple[str, str, int], EngineReport], holding: str
+) -> None:
+    """Update one replica from its nodes and engine reports."""
+    s = p.settings
+    if r.state in (S.BACKOFF, S.CRASH_LOOPING):
+        if p.now < r.backoff_until:
+            return
+        p.event(r, f"restarting after backoff (failure {r.restarts})")
+        if r.placed and all(p.node_state(m.node_id) == NodeState.READY for m in r.members):
+            p.put(evolve(r, generation=p.gen(), state=S.STARTING, placed_at=p.now))
+        else:
+            p.place(p.unplace(r))
+        return
+    if not r.placed:
+        p.place(r)
+        return
+    lost = [m.node_id for m in r.members if p.node_state(m.node_id) == NodeState.LOST]
+    if lost:
+        if holding:
+            if r.state != S.HELD:
+                p.event(r, f"node {lost[0]} lost; {holding}")
+            p.put(evolve(r, state=S.HELD, reason=holding))
+            return
+        p.event(r, f"node {', '.join(lost)} lost: placing again")
+        p.place(p.unplace(r), exclude=frozenset(lost))
+        return
+    states: list[EngineState | None] = []
+    failed: EngineReport | None = None
+    for m in r.members:
+        if p.node_state(m.node_id) != NodeState.READY:
+            states.append(None)  # suspect: no news is not bad news
+            continue
+        rep = by_key.get((m.node_id, r.id, r.generation))
+        if rep is not None and rep.state in (EngineState.EXITED, EngineState.FAILED):
+            failed = failed or rep
+        states.append(rep.state if rep else EngineState.STARTING)
+    if failed is not None:
+        n = r.restarts + 1
+        delay = min(s.backoff_cap, s.backoff_base * 2 ** (n - 1))
+        state = S.CRASH_LOOPING if n >= s.crashloop_after else S.BACKOFF
+        why = failed.reason or (
+            f"exit code {failed.exit_code}" if failed.exit_code is not None else str(failed.state)
+        )
+        p.event(r, f"{failed.state}: {why}; restart {n} in {delay:g}s")
+        r = evolve(
+            r,
+            state=state,
+            restarts=n,
+            backoff_until=p.now + delay,
+            last_log_tail=failed.log_tail or r.last_log_tail,
+            reason=why,
+            ready_since=0.0,
+        )
+        p.put(p.unplace(r) if r.spec.nodes > 1 else r)  # a gang stops whole, placed afresh
+        return
+    known = [st for st in states if st is not None]
+    if known and len(known) == len(states) and all(st == EngineState.READY for st in known):
+        if r.state != S.READY:
+            p.event(r, "ready")
+            r = evolve(r, state=S.READY, ready_since=p.now, reason="")
+        if r.restarts and p.now - r.ready_since >= s.stable_after:
+            r = evolve(r, restarts=0)
+    elif any(st == EngineState.UNHEALTHY for st in known):
+        r = evolve(r, state=S.UNHEALTHY)
+    elif len(known) == len(states):
+        r = evolve(r, state=S.STARTING)
+    elif r.state == S.HELD:
+        r = evolve(r, state=S.STARTING, reason="")
+    p.put(r)
+
+
+def desired_sets(
+    replicas: Iterable[Replica], nodes: Iterable[str] = ()
+) -> dict[str, tuple[EngineSpec, ...]]:
+    """Each node's whole desired engine set; every id in `nodes` is present (maybe empty)."""
+    out: dict[str, list[EngineSpec]] = {n: [] for n in nodes}
+    for r in replicas:
+        if not r.wants_engines:
+            continue
+        for m, spec in zip(r.members, r.engine_specs(), strict=True):
+            out.setdefault(m.node_id, []).append(spec)
+    return {n: tuple(sorted(specs, key=lambda s: s.key)) for n, specs in out.items()}
