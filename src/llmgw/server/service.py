@@ -75,6 +75,9 @@ class KeyWatcher:
         self.keys = load_authorized(str(self.folder))
         return True
 
+    def lookup(self, public_key: bytes) -> KeyInfo | None:
+        return self.keys.get(public_key)
+
     def uids(self) -> set[str]:
         return {user_id(k) for k in self.keys.values()}
 
@@ -101,7 +104,7 @@ async def serve_server(
         async with trio.open_nursery() as nursery:
             # The ZAP handler must answer before the ROUTER binds: without one, libzmq
             # lets every CURVE client in.
-            await nursery.start(serve_zap, ctx, watcher.keys.get)
+            await nursery.start(serve_zap, ctx, watcher.lookup)
             sock = ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from llmgw.model.inventory import Inventory, StorageReport
+from llmgw.model.node import NodeState
+from llmgw.server.fabrics import fabric_view, islands
 
 if TYPE_CHECKING:
     from llmgw.server.control import ControlPlane, Node
@@ -51,4 +53,11 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
 
 
 def status_view(cp: ControlPlane, now: float) -> dict[str, Any]:
-    return {"nodes": [node_view(n, now) for n in sorted(cp.nodes.values(), key=lambda n: n.node_id)]}
+    nodes = sorted(cp.nodes.values(), key=lambda n: n.node_id)
+    # Lost nodes' weights cannot serve anything; suspect ones still may.
+    inventories = {n.node_id: n.inventory for n in nodes if n.state != NodeState.LOST}
+    return {
+        "nodes": [node_view(n, now) for n in nodes],
+        "fabrics": fabric_view(inventories),
+        "islands": islands(inventories),
+    }

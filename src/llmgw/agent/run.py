@@ -1,0 +1,129 @@
+"""The agent: discovery, supervision and the link to the server, in one nursery.
+
+Order matters: engines are adopted from their records before the first Hello, so the
+server hears what already runs instead of starting it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import zmq
+
+from llmgw import PROTOCOL_VERSION
+from llmgw.agent.discovery.discover import discover, inventory_changed
+from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
+from llmgw.agent.supervisor import Supervisor
+from llmgw.config.agent import AgentConfig
+from llmgw.model.engine import EngineReport
+from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.transport import dealer
+from llmgw.transport.keys import load_pair, load_public
+from llmgw.transport.messages import DesiredSet, EngineChanged, Hello, InventoryChanged, Message
+
+log = logging.getLogger(__name__)
+
+OUTBOX_SIZE = 1000
+
+
+def node_info(config: AgentConfig) -> NodeInfo:
+    return NodeInfo(
+        node_id=config.node_id,
+        mgmt_addr=config.mgmt_addr,
+        mgmt_interface=config.mgmt_interface,
+        labels=dict(config.labels),
+        port_range=config.port_range,
+    )
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, python: str = sys.executable, nvml: object | None = None):
+        self.config = config
+        self.nvml = nvml
+        self.inventory = Inventory()
+        self._logged: set[str] = set()
+        self._send, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
+        self.supervisor = Supervisor(config, self._on_report, python=python)
+        self._rediscover = trio.Event()
+
+    def _post(self, msg: Message) -> None:
+        # While disconnected nothing is lost by dropping: the next Hello carries it all.
+        try:
+            self._send.send_nowait(msg)
+        except trio.WouldBlock:
+            log.warning("outbox full; dropped a %s (the next Hello resends the state)",
+                        type(msg).__name__)
+
+    def _on_report(self, report: EngineReport) -> None:
+        self._post(EngineChanged(report))
+
+    def hello(self) -> Hello:
+        return Hello(PROTOCOL_VERSION, node_info(self.config), self.inventory,
+                     self.supervisor.reports())
+
+    async def _on_desired(self, desired: DesiredSet) -> None:
+        await self.supervisor.apply(desired.engines)
+
+    def _on_connected(self) -> None:
+        # Anything queued while disconnected is older than the Hello just sent.
+        while True:
+            try:
+                self._outbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.discovery.interval):
+                await self._rediscover.wait()
+            self._rediscover = trio.Event()
+            try:
+                new = await discover(self.config, nvml=self.nvml, logged=self._logged)
+            except Exception:
+                log.exception("discovery failed; keeping the last inventory")
+                continue
+            if inventory_changed(self.inventory, new):
+                self.inventory = new
+                self._post(InventoryChanged(new))
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # A configuration that contradicts the node (a missing HCA) stops us here.
+        self.inventory = await discover(self.config, nvml=self.nvml, logged=self._logged)
+        log.info(
+            "node %s: %d GPUs (%s), fabrics: %s, storage: %s",
+            self.config.node_id, len(self.inventory.gpus), self.inventory.gpu_source,
+            ", ".join(f"{f.name}={f.state}" for f in self.inventory.fabrics) or "none (island)",
+            f"{len(self.inventory.storage.models)} models" if self.inventory.storage.asked
+            else "not asked",
+        )
+        pair = load_pair(self.config.keys.secret_key)
+        server_public = load_public(self.config.keys.server_key)
+        ctx: zmq.Context[Any] = zmq.Context()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.supervisor.serve)
+
+                @asynccontextmanager
+                async def connect() -> AsyncIterator[Connection]:
+                    async with dealer.connect(ctx, self.config.server, pair, server_public) as c:
+                        yield c
+
+                hooks = LinkHooks(
+                    hello=self.hello,
+                    on_desired=self._on_desired,
+                    on_rediscover=lambda: self._rediscover.set(),
+                    logs=self.supervisor.log_tail,
+                    on_connected=self._on_connected,
+                )
+                settings = LinkSettings(self.config.heartbeat_interval, self.config.reconnect_base,
+                                        self.config.reconnect_max)
+                nursery.start_soon(self._discovery_loop)
+                await nursery.start(serve_link, settings, connect, hooks, self._outbox)
+                task_status.started()
+        finally:
+            ctx.destroy(linger=0)

@@ -1,0 +1,178 @@
+"""`llmgw`: parse the command line, load config, call one run function.
+
+This is the one place that turns LlmgwError into a message and an exit status; an
+operator's mistake never shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
+
+import trio
+
+from llmgw.errors import LlmgwError, UsageError
+
+log = logging.getLogger("llmgw")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _until_signalled(run: Callable[[], Awaitable[None]]) -> None:
+    """Run until done, or until SIGTERM/SIGINT, then cancel cleanly."""
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        async def main() -> None:
+            await run()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        nursery.start_soon(main)
+
+
+def _leaf_error(exc: BaseException) -> LlmgwError | None:
+    if isinstance(exc, LlmgwError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _leaf_error(sub)
+            if found is not None:
+                return found
+    return None
+
+
+# ---- commands ----
+
+
+def cmd_server(args: argparse.Namespace) -> None:
+    from llmgw.config.load_server import load_server_config
+    from llmgw.server.main import run_server
+
+    config = load_server_config(args.config)
+    trio.run(_until_signalled, lambda: run_server(config))
+
+
+def cmd_agent(args: argparse.Namespace) -> None:
+    from llmgw.agent.run import Agent
+    from llmgw.config.load_agent import load_agent_config
+
+    config = load_agent_config(args.config)
+    agent = Agent(config)
+    trio.run(_until_signalled, agent.serve)
+
+
+def cmd_router(args: argparse.Namespace) -> None:
+    from llmgw.config.load_router import load_router_config
+    from llmgw.router.main import run_router
+
+    config = load_router_config(args.config)
+    trio.run(_until_signalled, lambda: run_router(config))
+
+
+def cmd_keys(args: argparse.Namespace) -> None:
+    from llmgw.transport import keys
+
+    if args.keys_cmd == "init":
+        d = keys.init_keys(args.dir)
+        print(f"wrote {d / 'server.key'} and {d / 'server.key_secret'}; authorized keys go in "
+              f"{d / 'authorized'}")
+    elif args.keys_cmd == "issue":
+        pub, sec = keys.issue_key(args.dir, args.role, args.name, args.out)
+        print(f"wrote {pub} and {sec} (mode 0600); {args.role} {args.name!r} is authorized")
+    elif args.keys_cmd == "list":
+        from llmgw.ctl.render import table
+
+        rows = [[k.name, k.role, k.public_key.decode()] for k in keys.list_keys(args.dir)]
+        print(table(["NAME", "ROLE", "PUBLIC KEY"], rows))
+    elif args.keys_cmd == "revoke":
+        dst = keys.revoke_key(args.dir, args.name)
+        print(f"revoked {args.name!r} (moved to {dst}); the server cuts it within one heartbeat")
+
+
+def cmd_ctl(args: argparse.Namespace) -> None:
+    from llmgw.ctl.commands import run_ctl
+
+    run_ctl(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="llmgw", description="LLM inference on bare-metal GPU clusters.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("server", help="run the control plane")
+    s.add_argument("--config", required=True, help="server.toml")
+    s.set_defaults(func=cmd_server)
+
+    a = sub.add_parser("agent", help="run the node agent")
+    a.add_argument("--config", required=True, help="agent.yaml")
+    a.set_defaults(func=cmd_agent)
+
+    r = sub.add_parser("router", help="run the OpenAI-compatible router")
+    r.add_argument("--config", required=True, help="router.toml")
+    r.set_defaults(func=cmd_router)
+
+    k = sub.add_parser("keys", help="CURVE key pairs")
+    ksub = k.add_subparsers(dest="keys_cmd", required=True, parser_class=_Parser)
+    ki = ksub.add_parser("init", help="the server's pair and the authorized folder")
+    ki.add_argument("--dir", required=True)
+    kis = ksub.add_parser("issue", help="a pair for a node, admin or router, authorized")
+    kis.add_argument("role", choices=["node", "admin", "router"])
+    kis.add_argument("name")
+    kis.add_argument("--dir", required=True)
+    kis.add_argument("--out", default=None, help="where to write the pair (default: --dir)")
+    kl = ksub.add_parser("list", help="authorized keys")
+    kl.add_argument("--dir", required=True)
+    kr = ksub.add_parser("revoke", help="take a key out of the authorized folder")
+    kr.add_argument("name")
+    kr.add_argument("--dir", required=True)
+    k.set_defaults(func=cmd_keys)
+
+    c = sub.add_parser("ctl", help="operate the cluster")
+    from llmgw.ctl.commands import add_ctl_arguments
+
+    add_ctl_arguments(c, _Parser)
+    c.set_defaults(func=cmd_ctl)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _setup_logging(getattr(args, "verbose", False))
+        args.func(args)
+    except BaseException as exc:  # noqa: B036 - the one place errors become exit codes
+        err = _leaf_error(exc)
+        if err is not None:
+            print(f"llmgw: error: {err}", file=sys.stderr)
+            return err.exit_code
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

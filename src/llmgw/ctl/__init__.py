@@ -1,0 +1,1 @@
+"""The operator's client: where to reach the server, requests, and rendering."""

@@ -1,0 +1,153 @@
+"""Real llmgw processes on 127.0.0.1 for integration tests: keys, configs, server, agents.
+
+Every process started here is killed by pid when its test ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.fakes.engines import free_port
+
+from llmgw.transport import keys
+
+LLMGW = [sys.executable, "-m", "llmgw.cli"]
+
+
+def run_cli(*args: str, timeout: float = 30, env: Mapping[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LLMGW, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Proc:
+    def __init__(self, argv: list[str], log: Path, env: Mapping[str, str] | None = None) -> None:
+        self.argv = argv
+        self.log = log
+        self._fh = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self.p = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **(env or {})})
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float = 15) -> int:
+        return self.p.wait(timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
+        if self.p.poll() is None:
+            os.kill(self.p.pid, sig)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=5)
+        self._fh.close()
+        return self.p.returncode
+
+
+class Cluster:
+    """A keys folder, a server config and helpers to start server and agents."""
+
+    def __init__(self, root: Path, *, heartbeat: str = "1s", lost_after: str = "60s",
+                 extra_server: str = "") -> None:
+        self.root = root
+        self.keys_dir = root / "keys"
+        keys.init_keys(str(self.keys_dir))
+        self.port = free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.server_toml = root / "server.toml"
+        self.server_toml.write_text(
+            f'bind = "{self.address}"\nkeys_dir = "{self.keys_dir}"\nstate_dir = "{root / "state"}"\n'
+            f'heartbeat_interval = "{heartbeat}"\nlost_after = "{lost_after}"\n{extra_server}'
+        )
+        self.procs: list[Proc] = []
+        keys.issue_key(str(self.keys_dir), "admin", "ops")
+        self.admin_key = str(self.keys_dir / "ops.key_secret")
+        self.server_key = str(self.keys_dir / "server.key")
+
+    def start_server(self) -> Proc:
+        p = Proc([*LLMGW, "server", "--config", str(self.server_toml)], self.root / "server.log")
+        self.procs.append(p)
+        wait_for(lambda: "listening on" in p.text() or p.p.poll() is not None, 20, "server start")
+        assert p.p.poll() is None, p.text()
+        return p
+
+    def agent_config(self, node_id: str, *, key_name: str | None = None, **overrides: Any) -> Path:
+        name = key_name or node_id
+        if not (self.keys_dir / f"{name}.key_secret").exists():
+            keys.issue_key(str(self.keys_dir), "node", name)
+        work = self.root / "agents" / node_id
+        work.mkdir(parents=True, exist_ok=True)
+        cfg: dict[str, Any] = {
+            "node_id": node_id,
+            "server": self.address,
+            "keys": {"secret_key": str(self.keys_dir / f"{name}.key_secret"),
+                     "server_key": self.server_key},
+            "mgmt_addr": "127.0.0.1",
+            "heartbeat_interval": "1s",
+            "reconnect_base": "200ms",
+            "reconnect_max": "2s",
+            "discovery": {"ib_root": str(work / "no-ib"), "prefer_nvml": False,
+                          "nvidia_smi": str(work / "no-nvidia-smi")},
+            "supervisor": {"work_dir": str(work / "work"), "stop_timeout": "5s",
+                           "health_interval": "500ms"},
+        }
+        for k, v in overrides.items():
+            if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+                cfg[k] = {**cfg[k], **v}
+            else:
+                cfg[k] = v
+        path = work / "agent.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    def start_agent(self, node_id: str, **kw: Any) -> Proc:
+        cfg = self.agent_config(node_id, **kw)
+        p = Proc([*LLMGW, "agent", "--config", str(cfg)], cfg.parent / "agent.log")
+        self.procs.append(p)
+        return p
+
+    def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return run_cli("ctl", "--server", self.address, "--key", self.admin_key,
+                       "--server-key", self.server_key, *args, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        r = self.ctl("status", "-o", "json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+    def node_states(self) -> dict[str, str]:
+        return {n["id"]: n["state"] for n in self.status()["nodes"]}
+
+    def wait_states(self, want: Mapping[str, str], timeout: float = 20) -> None:
+        wait_for(lambda: all(self.node_states().get(k) == v for k, v in want.items()), timeout,
+                 f"node states {dict(want)}", interval=0.3)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
