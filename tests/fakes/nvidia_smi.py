@@ -193,3 +193,26 @@ class FakeNvml:
 
 
 BUSES = ["00000000:07:00.0", "00000000:0F:00.0", "00000000:47:00.0", "00000000:4E:00.0"]
+
+
+def legacy_driver(folder: Path) -> Path:
+    """A pre-R510 driver: refuses the compute_cap field, answers without it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = "".join(
+        query_line(i, "Tesla V100-SXM2-32GB", L40S_BUS[i], 32510, 32000, "")[:-2] + "\n" for i in range(2)
+    )
+    topo = topo_matrix([["X", "NV2"], ["NV2", "X"]], ["0", "0"])
+    path = folder / "nvidia-smi"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"ROWS = {rows!r}\nTOPO = {topo!r}\n"
+        "args = sys.argv[1:]\n"
+        "if args[:2] == ['topo', '-m']:\n    sys.stdout.write(TOPO)\n"
+        "elif any('compute_cap' in a for a in args):\n"
+        "    print('Field \"compute_cap\" is not a valid field to query.')\n"
+        "    sys.exit(2)\n"
+        "else:\n    sys.stdout.write(ROWS)\n"
+    )
+    os.chmod(path, 0o755)
+    return path

@@ -107,3 +107,11 @@ def test_numa_from_sysfs(tmp_path: Path) -> None:
     assert numa_from_sysfs("00000000:1B:00.0", str(tmp_path)) == 1
     assert numa_from_sysfs("00000000:2B:00.0", str(tmp_path)) is None
     assert numa_from_sysfs("00000000:3B:00.0", str(tmp_path)) is None
+
+
+def test_driver_without_compute_cap_field_is_asked_again_without_it(tmp_path: Path) -> None:
+    r = read_gpus(smi_config(fake.legacy_driver(tmp_path)))
+    assert r.source is GpuSource.NVIDIA_SMI
+    assert [g.compute_capability for g in r.gpus] == ["", ""]
+    assert r.gpus[0].nvlink_peers == {fake.uuid(1): 2}
+    assert r.warnings == ()

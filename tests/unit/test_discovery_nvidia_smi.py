@@ -104,3 +104,9 @@ def test_space_separated_topo_is_read() -> None:
 def test_topo_without_gpu_columns_is_an_output_error() -> None:
     with pytest.raises(GpuOutputError):
         parse_topo("No devices were found\n")
+
+
+def test_not_available_memory_reads_as_zero() -> None:
+    line = f"0, {fake.uuid(0)}, NVIDIA GH200 480GB, [N/A], [N/A], 00000009:01:00.0, 9.0\n"
+    (g,) = parse_query_gpu(line)
+    assert (g.memory_total, g.memory_free, g.pci_bus_id) == (0, 0, "00000009:01:00.0")

@@ -192,3 +192,9 @@ def test_overrides_win_over_detection(tmp_path: Path) -> None:
     cfg = ModelDirConfig(str(tmp_path), shared=True, store="srp-image")
     (c,) = scan_storage((cfg,), []).report.models
     assert (c.shared, c.store) == (True, "srp-image")
+
+
+def test_hf_hub_root_one_level_up_is_read_as_the_cache(tmp_path: Path) -> None:
+    snap = hf_cache_model(tmp_path / "hub", "org", "m")
+    c = one(tmp_path)
+    assert (c.name, c.path, c.complete) == ("org/m", str(snap), True)

@@ -15,6 +15,7 @@ from typing import Any
 from attrs import evolve, field, frozen
 
 from llmgw.agent.discovery.nvidia_smi import (
+    LEGACY_QUERY_ARGS,
     QUERY_ARGS,
     TOPO_ARGS,
     GpuOutputError,
@@ -104,6 +105,11 @@ def _read_nvidia_smi(exe: str, pci_root: str) -> tuple[list[Gpu] | None, list[st
         proc = _run([exe, *QUERY_ARGS])
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, [f"{exe} could not be run: {exc}"]
+    if proc.returncode != 0 and "compute_cap" in proc.stdout + proc.stderr:
+        try:
+            proc = _run([exe, *LEGACY_QUERY_ARGS])
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, [f"{exe} could not be run: {exc}"]
     if proc.returncode != 0:
         return None, [_failed(exe, proc)]
     try:

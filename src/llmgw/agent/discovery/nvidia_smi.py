@@ -22,6 +22,11 @@ QUERY_ARGS = (
     f"--query-gpu={','.join(QUERY_FIELDS)}",
     "--format=csv,noheader,nounits",
 )
+# Drivers before R510 know no compute_cap field and refuse the whole query for it.
+LEGACY_QUERY_ARGS = (
+    f"--query-gpu={','.join(QUERY_FIELDS[:-1])}",
+    "--format=csv,noheader,nounits",
+)
 TOPO_ARGS = ("topo", "-m")
 
 _BUS_ID = re.compile(
@@ -56,6 +61,8 @@ def sysfs_bus_id(bus_id: str) -> str:
 
 
 def _int(value: str, what: str, line: str) -> int:
+    if value in ("[N/A]", "N/A", "[Not Supported]"):
+        return 0
     try:
         return int(float(value))
     except ValueError:
@@ -72,6 +79,8 @@ def parse_query_gpu(text: str) -> list[Gpu]:
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
+        if len(cells) == len(QUERY_FIELDS) - 1:  # LEGACY_QUERY_ARGS: no compute_cap
+            cells.append("")
         if len(cells) != len(QUERY_FIELDS):
             raise GpuOutputError(
                 f"expected {len(QUERY_FIELDS)} fields from nvidia-smi, got {len(cells)}: {line!r}"

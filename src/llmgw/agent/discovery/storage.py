@@ -208,7 +208,10 @@ def scan_dir(top: str) -> list[ModelCopy]:
                     key=lambda s: s.name,
                 )
             for s in subs:
-                found.append(scan_model(f"{e.name}/{s.name}", s.path))
+                if s.name.startswith(HF_PREFIX):  # e.g. <dir>/hub/models--org--name
+                    found.append(scan_hf_repo(s.name, s.path))
+                else:
+                    found.append(scan_model(f"{e.name}/{s.name}", s.path))
     return found
 
 
