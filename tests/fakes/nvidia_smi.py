@@ -144,11 +144,10 @@ class FakeNvml:
         self.buses = buses
         self.links = links or {}
         self.numa = numa
+        self.numa_api = numa_api
         self.fail_init = fail_init
         self.inits = 0
         self.shutdowns = 0
-        if not numa_api:
-            self.nvmlDeviceGetNumaNodeId = None
 
     def nvmlInit(self) -> None:
         if self.fail_init:
@@ -179,8 +178,9 @@ class FakeNvml:
     def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
         return (8, 0)
 
-    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:  # type: ignore[misc]
-        assert self.numa is not None
+    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
+        if not self.numa_api or self.numa is None:
+            raise FakeNVMLError("Not Supported")  # GPUs and drivers before R535
         return self.numa[h]
 
     def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:

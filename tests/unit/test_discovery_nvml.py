@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 try:
-    from fakes.nvidia_smi import BUSES, FakeNvml
+    from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
 except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.nvidia_smi import BUSES, FakeNvml
+    from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
 
 from llmgw.agent.discovery.nvidia_smi import GpuOutputError
 from llmgw.agent.discovery.nvml import read_nvml
@@ -61,8 +62,16 @@ def test_numa_falls_back_to_sysfs_lookup() -> None:
     assert seen == ["00000000:07:00.0"]
 
 
-def test_nvml_failure_mid_read_is_an_output_error() -> None:
-    nvml = FakeNvml(BUSES)
-    nvml.nvmlDeviceGetCudaComputeCapability = None  # type: ignore[assignment,method-assign]
-    with pytest.raises(GpuOutputError, match="NVML"):
-        read_nvml(nvml)
+def test_bad_bus_id_from_nvml_is_an_output_error() -> None:
+    with pytest.raises(GpuOutputError, match="not a PCI bus id"):
+        read_nvml(FakeNvml(["not-a-bus-id"]))
+
+
+class LostGpuNvml(FakeNvml):
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        raise FakeNVMLError("GPU is lost")
+
+
+def test_nvml_error_mid_read_is_an_output_error() -> None:
+    with pytest.raises(GpuOutputError, match="NVML: GPU is lost"):
+        read_nvml(LostGpuNvml(BUSES))
