@@ -17,9 +17,7 @@ NFS = "10.0.0.5:/export/models"
 
 
 def gpus(n: int) -> tuple[Gpu, ...]:
-    return tuple(
-        Gpu(i, f"GPU-{i}", "H100", 81559, 81000, f"00000000:{i:02X}:00.0") for i in range(n)
-    )
+    return tuple(Gpu(i, f"GPU-{i}", "H100", 81559, 81000, f"00000000:{i:02X}:00.0") for i in range(n))
 
 
 def node(
