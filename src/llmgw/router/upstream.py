@@ -1,4 +1,8 @@
-"""Pooled keep-alive HTTP/1.1 connections to engines: h11 client side over trio.
+"""Pooled keep-alive HTTP/1.1 connections to engines, and the relay of one answer.
+
+The client side is a small hand-written HTTP/1.1 reader rather than h11: the body of an
+answer is forwarded as the raw bytes that arrived (chunk framing included), so a streamed
+event costs one receive and one send (see bench/README.md for the figures).
 
 `UpstreamPool.acquire` hands out an idle connection to (host, port) or dials a new one
 (TCP_NODELAY, bounded by the connect timeout). A connection goes back to the pool only
@@ -26,39 +30,188 @@ class ConnectFailed(OSError):
     """Refused, unreachable or too slow to connect: eject the replica and try another."""
 
 
+class ProtocolError(Exception):
+    """The engine answered something that is not HTTP/1.1 as we speak it."""
+
+
+class Head:
+    """A parsed response head; `framing` is "chunked", "length" or "close"."""
+
+    __slots__ = ("status", "content_type", "length", "framing", "keep_alive")
+
+    def __init__(self, status: int, content_type: bytes, length: int, framing: str, ka: bool):
+        self.status = status
+        self.content_type = content_type
+        self.length = length
+        self.framing = framing
+        self.keep_alive = ka
+
+
+def parse_head(raw: bytes) -> Head:
+    lines = raw.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
+    ctype = b"application/json"
+    length = -1
+    chunked = False
+    ka = parts[0] == b"HTTP/1.1"
+    for line in lines[1:]:
+        k, sep, v = line.partition(b":")
+        if not sep:
+            raise ProtocolError(f"bad header line {line[:80]!r}")
+        k = k.strip().lower()
+        if k == b"content-type":
+            ctype = v.strip()
+        elif k == b"content-length":
+            try:
+                length = int(v)
+            except ValueError:
+                raise ProtocolError(f"bad content-length {v[:40]!r}") from None
+        elif k == b"transfer-encoding":
+            chunked = v.strip().lower().endswith(b"chunked")
+        elif k == b"connection":
+            t = v.strip().lower()
+            ka = t != b"close" if ka else t == b"keep-alive"
+    if chunked:
+        framing = "chunked"
+    elif length >= 0:
+        framing = "length"
+    else:
+        framing, ka = "close", False
+    return Head(int(parts[1]), ctype, length, framing, ka)
+
+
+class ChunkScanner:
+    """Follows chunked framing over raw bytes without copying payload.
+
+    `feed(data)` returns (bytes to forward now, done). Forwarded bytes are the engine's
+    chunks exactly as received, minus the final zero-size chunk and trailers, which the
+    client side writes itself; a chunk-size line split across reads is held until whole.
+    """
+
+    __slots__ = ("remaining", "partial", "in_trailer")
+
+    def __init__(self) -> None:
+        self.remaining = 0  # payload + CRLF bytes left in the current chunk
+        self.partial = b""
+        self.in_trailer = False
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        if self.partial:
+            data = self.partial + data
+            self.partial = b""
+        if self.in_trailer:
+            return b"", self._trailer_done(data)
+        n = len(data)
+        pos = 0
+        while pos < n:
+            if self.remaining:
+                take = min(self.remaining, n - pos)
+                pos += take
+                self.remaining -= take
+                continue
+            nl = data.find(b"\r\n", pos)
+            if nl < 0:
+                self.partial = data[pos:]
+                return data[:pos], False
+            try:
+                size = int(data[pos:nl].split(b";", 1)[0], 16)
+            except ValueError:
+                raise ProtocolError(f"bad chunk size {data[pos:nl][:40]!r}") from None
+            if size == 0:
+                self.in_trailer = True
+                return data[:pos], self._trailer_done(data[nl + 2 :])
+            self.remaining = size + 2
+            pos = nl + 2
+        return data, False
+
+    def _trailer_done(self, rest: bytes) -> bool:
+        # After the zero-size chunk: trailers (usually none) end at an empty line.
+        if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:
+            return True
+        self.partial = rest
+        return False
+
+
+def dechunk(raw: bytes) -> bytes:
+    out: list[bytes] = []
+    pos = 0
+    while True:
+        nl = raw.find(b"\r\n", pos)
+        if nl < 0:
+            raise ProtocolError("truncated chunked body")
+        size = int(raw[pos:nl].split(b";", 1)[0], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(raw[nl + 2 : nl + 2 + size])
+        pos = nl + 4 + size
+
+
 class UpstreamConn:
-    __slots__ = ("stream", "h11", "key", "reused", "idle_since")
+    __slots__ = ("stream", "buf", "key", "reused", "idle_since", "clean")
 
     def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=65536)
+        self.buf = b""  # bytes received past the head
         self.key = key
         self.reused = False
         self.idle_since = 0.0
+        self.clean = False  # the last exchange ended cleanly and may be followed by another
 
-    async def send_request(
-        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> None:
-        conn = self.h11
-        out = conn.send(h11.Request(method=method, target=target, headers=headers)) or b""
-        if body:
-            out += conn.send(h11.Data(data=body)) or b""
-        out += conn.send(h11.EndOfMessage()) or b""
-        await self.stream.send_all(out)
+    async def send_request(self, head: bytes, body: bytes) -> None:
+        self.clean = False
+        await self.stream.send_all(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            await self.stream.send_all(body)
 
-    async def next_event(self) -> h11.Event:
-        """The next response event. EOF or a garbled answer raises h11.RemoteProtocolError."""
-        conn = self.h11
+    async def read_head(self) -> Head:
+        """The response head (1xx skipped). EOF before it raises ProtocolError."""
+        buf = self.buf
         while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                conn.receive_data(await self.stream.receive_some(RECV))
+            end = buf.find(b"\r\n\r\n")
+            while end < 0:
+                if len(buf) > 65536:
+                    raise ProtocolError("response head too large")
+                data = await self.stream.receive_some(RECV)
+                if not data:
+                    raise ProtocolError("engine closed the connection without answering")
+                buf += data
+                end = buf.find(b"\r\n\r\n")
+            head = parse_head(buf[:end])
+            buf = buf[end + 4 :]
+            if 100 <= head.status < 200:
                 continue
-            assert not isinstance(ev, type)  # PAUSED cannot happen on the client side here
-            return ev
+            self.buf = buf
+            return head
 
-    def reusable(self) -> bool:
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+    async def read_body(self, head: Head) -> bytes:
+        """A whole (small) body: /metrics and the like."""
+        buf, self.buf = self.buf, b""
+        if head.framing == "length":
+            while len(buf) < head.length:
+                data = await self.stream.receive_some(RECV)
+                if not data:
+                    raise ProtocolError("engine closed the connection mid-body")
+                buf += data
+            self.clean = head.keep_alive and len(buf) == head.length
+            return buf[: head.length]
+        scanner = ChunkScanner() if head.framing == "chunked" else None
+        parts = []
+        while True:
+            if scanner is not None and buf:
+                fwd, done = scanner.feed(buf)
+                parts.append(fwd)
+                if done:
+                    self.clean = head.keep_alive
+                    return dechunk(b"".join(parts) + b"0\r\n\r\n")
+            elif buf:
+                parts.append(buf)
+            buf = await self.stream.receive_some(RECV)
+            if not buf:
+                if scanner is None:
+                    return b"".join(parts)
+                raise ProtocolError("engine closed the connection mid-body")
 
 
 class UpstreamPool:
@@ -93,8 +246,7 @@ class UpstreamPool:
 
     def release(self, c: UpstreamConn) -> None:
         """Back to the pool if the exchange finished cleanly; closed otherwise."""
-        if c.reusable():
-            c.h11.start_next_cycle()
+        if c.clean:
             idle = self._idle.setdefault(c.key, [])
             if len(idle) < self.max_idle_per_host:
                 c.idle_since = trio.current_time()
@@ -125,34 +277,21 @@ async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, time
     """GET a small text resource (/metrics, /health) over the pool."""
     with trio.fail_after(timeout):
         c = await pool.acquire(host, port)
-        ok = False
         try:
             await c.send_request(
-                b"GET", path, [(b"host", f"{host}:{port}".encode()), (b"accept", b"*/*")], b""
+                b"GET %s HTTP/1.1\r\nhost: %s:%d\r\naccept: */*\r\n\r\n" % (path, host.encode(), port),
+                b"",
             )
-            ev = await c.next_event()
-            if not isinstance(ev, h11.Response):
-                raise ValueError(f"unexpected {type(ev).__name__}")
-            parts: list[bytes] = []
-            while True:
-                b = await c.next_event()
-                if isinstance(b, h11.Data):
-                    parts.append(bytes(b.data))
-                elif isinstance(b, h11.EndOfMessage):
-                    break
-                else:
-                    raise ValueError("connection closed mid-body")
-            if ev.status_code != 200:
-                raise ValueError(f"HTTP {ev.status_code}")
-            ok = True
-            return b"".join(parts).decode("utf-8", "replace")
-        except h11.ProtocolError as exc:
+            head = await c.read_head()
+            body = await c.read_body(head)
+        except ProtocolError as exc:
+            c.clean = False
             raise ValueError(str(exc)) from exc
         finally:
-            if ok:
-                pool.release(c)
-            else:
-                close_now(c)
+            pool.release(c)
+        if head.status != 200:
+            raise ValueError(f"HTTP {head.status}")
+        return body.decode("utf-8", "replace")
 
 
 class Failed(Exception):
@@ -183,12 +322,11 @@ class Relay:
         self.metrics = metrics
         self.eject = eject
 
-    async def _head(self, r: Replica, path: bytes, body: bytes) -> tuple[UpstreamConn, h11.Response]:
-        headers = [
-            (b"host", r.authority),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
+    async def _head(self, r: Replica, path: bytes, body: bytes) -> tuple[UpstreamConn, Head]:
+        req_head = (
+            b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % (path, r.authority, len(body))
+        )
         fresh = False
         while True:
             try:
@@ -197,26 +335,21 @@ class Relay:
                 self.metrics.upstream_errors.labels(r.replica_id, "connect").inc()
                 raise Failed(str(exc)) from None
             try:
-                await conn.send_request(b"POST", path, headers, body)
+                await conn.send_request(req_head, body)
                 with trio.fail_after(self.first_byte):
-                    ev = await conn.next_event()
-                    while isinstance(ev, h11.InformationalResponse):
-                        ev = await conn.next_event()
+                    head = await conn.read_head()
             except trio.TooSlowError:
                 close_now(conn)
                 self.metrics.upstream_errors.labels(r.replica_id, "timeout").inc()
                 raise Failed(f"no response within {self.first_byte:g}s", eject=False, retry=False) from None
-            except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError) as exc:
+            except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
                 close_now(conn)
                 if conn.reused and not fresh:
                     fresh = True  # the engine closed an idle connection: dial a new one
                     continue
                 self.metrics.upstream_errors.labels(r.replica_id, "broken").inc()
                 raise Failed(f"connection lost before the response: {exc}") from None
-            if not isinstance(ev, h11.Response):
-                close_now(conn)
-                raise Failed(f"unexpected {type(ev).__name__} from the engine")
-            return conn, ev
+            return conn, head
 
     async def run(
         self,
@@ -228,60 +361,69 @@ class Relay:
         model: str,
     ) -> int:
         t0 = trio.current_time()
-        conn, resp = await self._head(r, path, req.body)
-        status = resp.status_code
+        conn, head = await self._head(r, path, req.body)
+        status = head.status
         if status in RETRY_STATUS:
             close_now(conn)
             self.metrics.upstream_errors.labels(r.replica_id, "status").inc()
             raise Failed(f"engine answered HTTP {status}")
         self.metrics.timers(model)[1].observe(trio.current_time() - t0)
-        ctype = b"application/json"
-        clen = None
-        for k, v in resp.headers:
-            if k == b"content-type":
-                ctype = v
-            elif k == b"content-length":
-                clen = v
-        hdrs = [(b"content-type", ctype)]
-        if clen is not None:
-            hdrs.append((b"content-length", clen))
+        framing = head.framing
+        hdrs = [(b"content-type", head.content_type)]
+        if framing == "length":
+            hdrs.append((b"content-length", b"%d" % head.length))
         out = client.start_response(status, hdrs)
-        h = conn.h11
+        # Chunked: the engine's chunks go to the client byte for byte (h11 frames only the
+        # final zero-size chunk); otherwise through h11, which counts the length.
+        scanner = ChunkScanner() if framing == "chunked" else None
+        left = head.length
         upstream = conn.stream
         send = client.stream.send_all
+        data, conn.buf = conn.buf, b""
         ok = False
-        first = True
         broken = ""
         try:
             with trio.CancelScope() as scope:
+                scope.deadline = trio.current_time() + self.first_byte
                 while True:
-                    ev = h.next_event()
-                    if ev is h11.NEED_DATA:
-                        if out:
+                    if data:
+                        if scanner is not None:
+                            fwd, done = scanner.feed(data)
+                            out += fwd
+                        elif framing == "length":
+                            if len(data) > left:
+                                data = data[:left]
+                            left -= len(data)
+                            out += client.data(data)
+                            done = left == 0
+                        else:
+                            out += client.data(data)
+                            done = False
+                        if done:
+                            out += client.end()
                             await send(out)
-                            out = b""
-                        scope.deadline = trio.current_time() + (self.first_byte if first else self.idle)
-                        try:
-                            data = await upstream.receive_some(RECV)
-                        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                            broken = f"connection lost: {exc}"
-                            break
-                        first = False
-                        h.receive_data(data)
-                        continue
-                    if type(ev) is h11.Data:
-                        out += client.data(ev.data)
-                    elif type(ev) is h11.EndOfMessage:
-                        out += client.end()
+                            ok = True
+                            conn.clean = head.keep_alive and not conn.buf
+                            return status
+                    if out:
                         await send(out)
-                        ok = True
-                        return status
-                    else:
-                        broken = "connection closed mid-response"
+                        out = b""
+                    try:
+                        data = await upstream.receive_some(RECV)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        broken = f"connection lost: {exc}"
                         break
+                    if not data:
+                        if framing == "close":
+                            await send(client.end())
+                            ok = True
+                            return status
+                        broken = "engine closed the connection mid-response"
+                        break
+                    scope.deadline = trio.current_time() + self.idle
             if scope.cancelled_caught:
                 broken = f"no data for {self.idle:g}s"
-        except h11.RemoteProtocolError as exc:
+        except ProtocolError as exc:
             broken = f"engine broke the response: {exc}"
         finally:
             if ok:
@@ -292,11 +434,12 @@ class Relay:
         self.metrics.upstream_errors.labels(r.replica_id, "broken").inc()
         if not broken.startswith("no data"):
             self.eject(r, broken)
-        if streaming and clen is None and client.h11.our_state is h11.SEND_BODY:
-            out += client.data(sse_error_event(f"replica {r.replica_id} failed: {broken}"))
-            out += client.end()
-            await send(out)
-            return status
+        if streaming and scanner is not None and client.h11.our_state is h11.SEND_BODY:
+            if scanner.remaining == 0 and not scanner.partial:
+                out += client.data(sse_error_event(f"replica {r.replica_id} failed: {broken}"))
+                out += client.end()
+                await send(out)
+                return status
         if out:
             await send(out)
         raise trio.BrokenResourceError(f"engine failed mid-response: {broken}")
