@@ -1,0 +1,350 @@
+"""Router benchmark: figures printed, not a timed test.
+
+    .venv/bin/python bench/router.py [--engine sim|stub] [--seconds 3]
+
+Starts two engines (the simulated engine, or a minimal stub), the llmgw router as its own
+process in front of them, and a load generator in this process. For chat completions
+non-streamed and streamed (32 events), at concurrency 1 and 64, directly to one engine
+and through the router, it prints requests/s, latency p50/p99 (time to first event for
+streams), the latency the router adds, events/s relayed, and the router's CPU seconds
+per request: utime+stime of the router process over the window / requests served.
+Peers (vllm-router, sglang-router, LiteLLM) are measured when installed, skipped with a
+line otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+EVENTS = 32
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- a minimal engine stub (--engine stub) ----------------------------------------------
+
+CHAT = json.dumps(
+    {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "sim",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+    }
+).encode()
+EVENT = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"delta":{"content":"w"}}]}\n\n'
+
+
+async def stub_conn(stream: trio.SocketStream) -> None:
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+    try:
+        while True:
+            while b"\r\n\r\n" not in buf:
+                data = await stream.receive_some(65536)
+                if not data:
+                    return
+                buf += data
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                k, _, v = line.partition(b":")
+                if k.strip().lower() == b"content-length":
+                    length = int(v)
+            while len(buf) < length:
+                buf += await stream.receive_some(65536)
+            body, buf = buf[:length], buf[length:]
+            if b'"stream": true' in body or b'"stream":true' in body:
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
+                chunk = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+                for _ in range(EVENTS):
+                    await stream.send_all(chunk)
+                done = b"data: [DONE]\n\n"
+                await stream.send_all(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            else:
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(CHAT), CHAT)
+                )
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return
+
+
+def run_stub(port: int) -> None:
+    trio.run(trio.serve_tcp, stub_conn, port)
+
+
+# ---- the router under test, as its own process ----------------------------------------
+
+
+def run_router(port: int, urls: list[str]) -> None:
+    from llmgw.config.router import RouterConfig, RouterKeysConfig
+    from llmgw.router import serve_router
+
+    cfg = RouterConfig(
+        server="tcp://127.0.0.1:1",
+        keys=RouterKeysConfig("", ""),
+        bind=f"127.0.0.1:{port}",
+        table_poll_interval=3600.0,
+    )
+    snap = {
+        "version": 1,
+        "models": {"sim": [{"replica_id": f"r{i}", "url": u, "ready": True} for i, u in enumerate(urls)]},
+    }
+
+    async def source(since: int) -> dict[str, Any]:
+        return snap
+
+    trio.run(lambda: serve_router(cfg, table_source=source))
+
+
+# ---- load generator --------------------------------------------------------------------
+
+
+def request_bytes(stream: bool) -> bytes:
+    body = json.dumps(
+        {
+            "model": "sim",
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": EVENTS,
+            "stream": stream,
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+
+
+async def one_conn(port: int, stream: bool, stop_at: float, lat: list[float], events: list[int]) -> None:
+    req = request_bytes(stream)
+    s = await trio.open_tcp_stream("127.0.0.1", port)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+    async with s:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            await s.send_all(req)
+            first = 0.0
+            while b"\r\n\r\n" not in buf:
+                buf += await s.receive_some(65536)
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(head.decode())
+            low = head.lower()
+            if b"content-length:" in low:
+                n = int(low.split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(buf) < n:
+                    buf += await s.receive_some(65536)
+                buf = buf[n:]
+                first = time.perf_counter()
+            else:
+                body = buf
+                while True:
+                    if not first and b"data:" in body:
+                        first = time.perf_counter()
+                    end = body.find(b"\r\n0\r\n\r\n")
+                    if end >= 0:
+                        events.append(body.count(b"data: {", 0, end))
+                        buf = body[end + 7 :]
+                        break
+                    data = await s.receive_some(65536)
+                    if not data:
+                        raise RuntimeError("closed mid-stream")
+                    body += data
+            lat.append(first - t0)
+
+
+def cpu_of(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def pct(xs: list[float], p: float) -> float:
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(p * len(ys)))] if ys else float("nan")
+
+
+def measure(port: int, stream: bool, conc: int, seconds: float, pid: int | None) -> dict[str, float]:
+    lat: list[float] = []
+    events: list[int] = []
+
+    async def main() -> None:
+        # warm-up: open connections, one round each
+        async with trio.open_nursery() as n:
+            for _ in range(conc):
+                n.start_soon(one_conn, port, stream, time.perf_counter() + 0.3, [], [])
+        c0 = cpu_of(pid)
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as n:
+            for _ in range(conc):
+                n.start_soon(one_conn, port, stream, t0 + seconds, lat, events)
+        wall = time.perf_counter() - t0
+        res["cpu"] = cpu_of(pid) - c0
+        res["wall"] = wall
+
+    res: dict[str, float] = {}
+    trio.run(main)
+    n = len(lat)
+    res.update(
+        n=n,
+        rps=n / res["wall"],
+        p50=pct(lat, 0.5) * 1e3,
+        p99=pct(lat, 0.99) * 1e3,
+        eps=sum(events) / res["wall"],
+        cpu_per_req=res["cpu"] / n * 1e3 if n else float("nan"),
+    )
+    return res
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full = dict(os.environ)
+    full.update(env or {})
+    full["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + full.get("PYTHONPATH", "")
+    return subprocess.Popen(args, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def start_engines(kind: str) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    procs, ports = [], []
+    for _ in range(2):
+        port = free_port()
+        if kind == "stub":
+            args = [sys.executable, __file__, "--stub-engine", str(port)]
+            env = None
+        else:
+            args = [sys.executable, "-m", "llmgw.simengine", "serve", "org/sim", "--host",
+                    "127.0.0.1", "--port", str(port), "--served-model-name", "sim"]  # fmt: skip
+            env = {"LLMGW_SIM_TTFT": "0", "LLMGW_SIM_TOKENS_PER_SECOND": "1000000"}
+        procs.append(spawn(args, env))
+        ports.append(port)
+    for port in ports:
+        wait_port(port)
+    return procs, ports
+
+
+def peers(urls: list[str]) -> list[tuple[str, Callable[[int], list[str]]]]:
+    """Peer routers that are installed, as (name, argv for a port)."""
+    out: list[tuple[str, Callable[[int], list[str]]]] = []
+    if shutil.which("vllm-router"):
+        out.append(("vllm-router", lambda p: ["vllm-router", "--worker-urls", *urls,
+                    "--host", "127.0.0.1", "--port", str(p),
+                    "--prometheus-host", "127.0.0.1"]))  # fmt: skip
+    else:
+        print("vllm-router: not installed (pip install vllm-router), skipped")
+    if shutil.which("sglang-router") or _importable("sglang_router"):
+        out.append(("sglang-router", lambda p: [sys.executable, "-m", "sglang_router.launch_router",
+                    "--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(p),
+                    "--prometheus-host", "127.0.0.1"]))  # fmt: skip
+    else:
+        print("sglang-router: not installed (pip install sglang-router), skipped")
+    if not shutil.which("litellm"):
+        print("LiteLLM proxy: not installed (pip install 'litellm[proxy]'), skipped")
+    return out
+
+
+def _importable(mod: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(mod) is not None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine", choices=["sim", "stub"], default="sim")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--stub-engine", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--router", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.stub_engine:
+        return run_stub(a.stub_engine)
+    if a.router:
+        return run_router(a.router, a.urls)
+
+    engines, eports = start_engines(a.engine)
+    urls = [f"http://127.0.0.1:{p}" for p in eports]
+    rport = free_port()
+    router = spawn([sys.executable, __file__, "--router", str(rport), *urls])
+    others: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_port(rport)
+        targets: list[tuple[str, int, int | None]] = [("direct", eports[0], None)]
+        targets.append(("llmgw", rport, router.pid))
+        for name, argv in peers(urls):
+            port = free_port()
+            p = spawn(argv(port))
+            others.append(p)
+            try:
+                wait_port(port, 30)
+            except RuntimeError:
+                print(f"{name}: did not start, skipped")
+                continue
+            targets.append((name, port, p.pid))
+        print(f"engine: {a.engine} x2, {a.seconds:g}s per cell, cpu tick {1 / TICK * 1e3:g} ms")
+        hdr = f"{'target':<14}{'mode':<8}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+        print(hdr + f"{'+p50':>8}{'+p99':>8}{'ev/s':>9}{'cpu ms/req':>11}")
+        for stream in (False, True):
+            for conc in (1, 64):
+                base: dict[str, float] | None = None
+                for name, port, pid in targets:
+                    # direct: one engine; routers spread over two, so direct at conc 64 is
+                    # the latency reference only.
+                    r = measure(port, stream, conc, a.seconds, pid)
+                    if base is None:
+                        base = r
+                    add50 = r["p50"] - base["p50"]
+                    add99 = r["p99"] - base["p99"]
+                    cpu = f"{r['cpu_per_req']:.3f}" if pid else "-"
+                    print(
+                        f"{name:<14}{'stream' if stream else 'plain':<8}{conc:>5}"
+                        f"{r['rps']:>9.0f}{r['p50']:>9.3f}{r['p99']:>9.3f}"
+                        f"{add50:>8.3f}{add99:>8.3f}{r['eps']:>9.0f}{cpu:>11}"
+                    )
+    finally:
+        for p in [router, *others, *engines]:
+            stop(p)
+
+
+if __name__ == "__main__":
+    main()
