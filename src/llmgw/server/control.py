@@ -78,6 +78,8 @@ class ControlPlane:
     ops: dict[str, tuple[frozenset[str], OpHandler]] = field(factory=dict)
     # Called after a node's Hello or reports change what the rest of the server knows.
     on_node_change: Callable[[Node, float], list[Outgoing]] | None = None
+    # Called every tick with the nodes whose state changed (and their previous state).
+    on_tick: Callable[[list[tuple[Node, NodeState]], float], list[Outgoing]] | None = None
     pending_logs: dict[str, Callable[[LogsReply], None]] = field(factory=dict)
     dropped: int = 0  # messages dropped as malformed or unauthorized
 
@@ -183,8 +185,8 @@ class ControlPlane:
 
     # ---- timers and keys ----
 
-    def tick(self, now: float) -> list[tuple[Node, NodeState]]:
-        """Apply silence to every node; return the nodes whose state changed (old state)."""
+    def tick(self, now: float) -> list[Outgoing]:
+        """Apply silence to every node; tell `on_tick` which nodes changed state."""
         suspect_after = self.config.heartbeat_interval * self.config.suspect_after_missed
         changed = []
         for node in self.nodes.values():
@@ -197,7 +199,7 @@ class ControlPlane:
                 log.warning("node %s: %s -> %s (silent %.0fs)", node.node_id, before,
                             node.state, now - node.last_seen)
                 changed.append((node, before))
-        return changed
+        return self.on_tick(changed, now) if self.on_tick else []
 
     def set_authorized(self, uids: set[str]) -> list[Outgoing]:
         """New set of authorized identities; live sessions of the others are cut."""

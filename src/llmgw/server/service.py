@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import trio
 import zmq
@@ -22,7 +23,8 @@ from llmgw.transport.zmqtrio import TrioSocket
 
 log = logging.getLogger(__name__)
 
-KEY_POLL_INTERVAL = 1.0  # seconds between checks of the authorized folder
+# Seconds between applications of silence to nodes, and checks of the authorized folder.
+TICK_INTERVAL = 1.0
 
 
 class ServerTransport:
@@ -44,10 +46,11 @@ class ServerTransport:
                 uid = ""
             return frames[0].bytes, str(uid or ""), frames[1].bytes
 
-    def send(self, routing_id: bytes, payload: bytes) -> None:
-        if not self.sock.try_send_multipart([routing_id, payload]):
-            self.dropped_sends += 1
-            log.debug("dropped a message to a peer that is gone or full")
+    def send_all(self, out: list[Outgoing]) -> None:
+        for routing_id, msg in out:
+            if not self.sock.try_send_multipart([routing_id, codec.encode(msg)]):
+                self.dropped_sends += 1
+                log.debug("dropped a message to a peer that is gone or full")
 
 
 class KeyWatcher:
@@ -124,38 +127,57 @@ async def serve_server(
                 raise LlmgwError(f"cannot bind {config.bind}: {exc}") from None
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             transport = ServerTransport(TrioSocket(sock))
-
-            def send_all(out: list[Outgoing]) -> None:
-                for rid, msg in out:
-                    transport.send(rid, codec.encode(msg))
-
-            if setup is not None:
-                await setup(cp, send_all)
-            nursery.start_soon(_timers, cp, watcher, send_all)
-            nursery.start_soon(_sighup, watcher, cp, send_all)
-            log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
-            task_status.started(bound)
             try:
-                while True:
-                    rid, uid, payload = await transport.recv()
-                    send_all(cp.handle(rid, uid, payload, trio.current_time()))
+                if setup is not None:
+                    await setup(cp, transport.send_all)
+                nursery.start_soon(_sighup, watcher, cp, transport.send_all)
+                log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
+                task_status.started(bound)
+
+                def on_tick() -> None:
+                    if watcher.reload_if_changed():
+                        _apply_keys(cp, watcher, transport.send_all)
+
+                await run_plane(cp, transport, on_tick=on_tick)
             finally:
                 transport.sock.close()
     finally:
         ctx.term()
 
 
+class Transport(Protocol):
+    async def recv(self) -> tuple[bytes, str, bytes]: ...
+    def send_all(self, out: list[Outgoing]) -> None: ...
+
+
+async def run_plane(
+    cp: ControlPlane,
+    transport: Transport,
+    *,
+    on_tick: Callable[[], None] | None = None,
+    tick_interval: float = TICK_INTERVAL,
+) -> None:
+    """Receive and answer until cancelled, and apply silence every `tick_interval`."""
+
+    async def ticker() -> None:
+        while True:
+            await trio.sleep(tick_interval)
+            if on_tick is not None:
+                on_tick()
+            transport.send_all(cp.tick(trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        while True:
+            rid, uid, payload = await transport.recv()
+            transport.send_all(cp.handle(rid, uid, payload, trio.current_time()))
+            # A flood from one peer must not starve the others or the ticker.
+            await trio.lowlevel.checkpoint()
+
+
 def _apply_keys(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:
     send_all(cp.set_authorized(watcher.uids()))
     log.info("authorized keys reloaded: %d", len(watcher.keys))
-
-
-async def _timers(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:
-    while True:
-        await trio.sleep(KEY_POLL_INTERVAL)
-        if watcher.reload_if_changed():
-            _apply_keys(cp, watcher, send_all)
-        cp.tick(trio.current_time())
 
 
 async def _sighup(watcher: KeyWatcher, cp: ControlPlane, send_all: Callable[[list[Outgoing]], None]) -> None:
