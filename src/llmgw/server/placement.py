@@ -78,8 +78,10 @@ class _Node:
         self.ports = set(view.used_ports)
         self.lo, self.hi = view.info.port_range
         self.fabrics = {f.name: f for f in inv.fabrics if f.state != FabricState.DOWN}
-        names = Counter(g.name for g in inv.gpus)
-        self.gpu_name = names.most_common(1)[0][0] if names else ""
+        names = [g.name for g in inv.gpus]
+        first = names[0] if names else ""
+        # The node's GPU model: the most common name (nodes are nearly always uniform).
+        self.gpu_name = first if names.count(first) == len(names) else max(names, key=names.count)
         self.cache: dict[tuple[int, int], tuple[tuple[str, ...], bool] | None] = {}
         self.reject = ""
         if view.state != NodeState.READY:

@@ -82,9 +82,16 @@ class Pass:
         self.work: dict[str, Replica] = dict(replicas)
         self.floor = max([floor, *(r.generation for r in replicas.values())])
         self.events: list[Event] = []
-        self.view = ClusterView(nodes)
-        for r in replicas.values():
-            self.view.reserve(r.members)
+        self._view: ClusterView | None = None
+
+    @property
+    def view(self) -> ClusterView:
+        """Built on first need (a steady pass places nothing), from the replicas as they are."""
+        if self._view is None:
+            self._view = ClusterView(self.nodes)
+            for r in self.work.values():
+                self._view.reserve(r.members)
+        return self._view
 
     def gen(self) -> int:
         self.floor += 1
@@ -98,12 +105,14 @@ class Pass:
         return r
 
     def drop(self, r: Replica, why: str) -> None:
-        self.view.release(r.members)
+        if self._view is not None:
+            self._view.release(r.members)
         self.work.pop(r.id, None)
         self.event(r, why)
 
     def unplace(self, r: Replica) -> Replica:
-        self.view.release(r.members)
+        if self._view is not None:
+            self._view.release(r.members)
         return self.put(evolve(r, members=(), fabric=""))
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:

@@ -1,0 +1,125 @@
+"""Placement and reconcile cost over synthetic inventories. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/placement.py [--sizes 1000,10000,50000]
+
+Each cluster: nodes of 8 NVSwitch H100s over 8 InfiniBand fabrics, 5% islands, a few
+nodes holding the model. Reported per size:
+- index: building the ClusterView from the snapshot (once per inventory change);
+- place 1x8: one single-node replica (median of many, on a half-full cluster);
+- place gang 2x8: one two-node replica in one fabric;
+- unschedulable: a replica nobody fits (the full scan that explains why);
+- reconcile: one steady-state pass (every replica ready, nothing to do) with one
+  replica per 8 nodes, the server's cost per heartbeat round; and one pass that must
+  place a replica (it builds the index first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fakes.cluster import synthetic  # noqa: E402
+from llmgw.model.deployment import Deployment, Strategy  # noqa: E402
+from llmgw.model.engine import EngineKind, EngineReport, EngineState  # noqa: E402
+from llmgw.server.placement import ClusterView, Placement, place  # noqa: E402
+from llmgw.server.reconcile import reconcile  # noqa: E402
+
+
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    times = []
+    out: object = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:9.3f} ms"
+
+
+def run(size: int) -> None:
+    t = time.perf_counter()
+    nodes = synthetic(size)
+    build_s = time.perf_counter() - t
+    t = time.perf_counter()
+    view = ClusterView(nodes)
+    index_s = time.perf_counter() - t
+
+    def dep(gpus: int, n: int, model: str = "org/model", **kw: object) -> Deployment:
+        return Deployment(
+            name="bench", model=model, engine=EngineKind.VLLM, gpus_per_node=gpus,
+            replicas=1, nodes=n, **kw,  # type: ignore[arg-type]
+        )
+
+    # Fill half the cluster with 4-GPU replicas (spread leaves every node half full).
+    t = time.perf_counter()
+    filled = 0
+    for _ in range(size // 2):
+        p = place(dep(4, 1, model="org/other", strategy=Strategy.SPREAD), view)
+        if isinstance(p, Placement):
+            view.reserve(p.members)
+            filled += 1
+    fill_s = time.perf_counter() - t
+
+    one_s, _ = timed(lambda: place(dep(4, 1), view), 200)
+    one_new_s, _ = timed(lambda: place(dep(4, 1, model="org/unseen"), view), 200)
+    gang_s, gang = timed(lambda: place(dep(4, 2), view), 50)
+    unsched_s, _ = timed(lambda: place(dep(9, 1), view), 5)
+
+    # Steady-state reconcile: one ready 8-GPU replica per 8 nodes.
+    d = dep(8, 1, model="org/model")
+    d = Deployment(name="bench", model=d.model, engine=d.engine, gpus_per_node=8,
+                   replicas=size // 8)
+    res = reconcile({"bench": d}, {}, nodes, {}, 0.0)
+    reports: dict[str, list[EngineReport]] = {}
+    for r in res.replicas.values():
+        for m in r.members:
+            reports.setdefault(m.node_id, []).append(
+                EngineReport(r.id, r.generation, EngineState.READY)
+            )
+    res = reconcile({"bench": d}, res.replicas, nodes, reports, 1.0, generation_floor=res.generation_floor)
+    steady_s, _ = timed(
+        lambda: reconcile({"bench": d}, res.replicas, nodes, reports, 2.0,
+                          generation_floor=res.generation_floor),
+        3,
+    )
+
+    d_up = Deployment(name="bench", model=d.model, engine=d.engine, gpus_per_node=8,
+                      replicas=size // 8 + 1)
+    scale_s, _ = timed(
+        lambda: reconcile({"bench": d_up}, res.replicas, nodes, reports, 2.0,
+                          generation_floor=res.generation_floor),
+        3,
+    )
+
+    print(f"{size:>6} nodes ({size * 8} GPUs)")
+    print(f"  synthetic inventory    {ms(build_s)}")
+    print(f"  index (ClusterView)    {ms(index_s)}")
+    print(f"  fill {filled} replicas   {ms(fill_s)}  ({ms(fill_s / max(1, filled))} each)")
+    print(f"  place 1x4, weights held{ms(one_s)}")
+    print(f"  place 1x4, no weights  {ms(one_new_s)}")
+    ok = "ok" if isinstance(gang, Placement) else "unschedulable"
+    print(f"  place gang 2x4         {ms(gang_s)}  ({ok})")
+    print(f"  unschedulable 1x9      {ms(unsched_s)}  (full scan with reasons)")
+    print(f"  reconcile pass         {ms(steady_s)}  ({len(res.replicas)} ready replicas, nothing to do)")
+    print(f"  reconcile, scale +1    {ms(scale_s)}  (indexes the cluster, places one)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,10000,50000")
+    args = ap.parse_args()
+    for size in (int(s) for s in args.sizes.split(",")):
+        run(size)
+
+
+if __name__ == "__main__":
+    main()
