@@ -183,9 +183,7 @@ def reconcile(
         roll_deployment(p, deployments[name])
 
     new = p.work
-    before = desired_sets(replicas.values())
-    after = desired_sets(new.values())
-    changed = frozenset(n for n in before.keys() | after.keys() if before.get(n) != after.get(n))
+    changed = _changed_nodes(replicas, new)
     waits = [r.backoff_until for r in new.values() if r.state in (S.BACKOFF, S.CRASH_LOOPING)]
     return ReconcileResult(
         replicas=new,
@@ -196,6 +194,24 @@ def reconcile(
         next_wake=min(waits) if waits else None,
         pending={r.id: r.reason for r in new.values() if r.state == S.PENDING},
     )
+
+
+def _changed_nodes(old: Mapping[str, Replica], new: Mapping[str, Replica]) -> frozenset[str]:
+    """Nodes whose desired set differs; looks only at replicas that changed."""
+    out: set[str] = set()
+    for rid in old.keys() | new.keys():
+        a, b = old.get(rid), new.get(rid)
+        if a is b:
+            continue
+        sa = a.engine_specs() if a is not None and a.wants_engines else ()
+        sb = b.engine_specs() if b is not None and b.wants_engines else ()
+        if sa != sb:
+            out.update(spec_node for spec_node, _ in _nodes_of(a, sa) + _nodes_of(b, sb))
+    return frozenset(out)
+
+
+def _nodes_of(r: Replica | None, specs: tuple[EngineSpec, ...]) -> list[tuple[str, EngineSpec]]:
+    return [] if r is None else list(zip((m.node_id for m in r.members), specs, strict=False))
 
 
 def _mass_loss(nodes: Mapping[str, NodeView], now: float, s: ReconcileSettings) -> str:
