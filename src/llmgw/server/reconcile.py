@@ -32,7 +32,7 @@ from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
 
 from ._rollout import roll_deployment
-from .placement import ClusterView, NodeView, Placement, place
+from .placement import ClusterView, NodeView, Placement, Unschedulable, place
 
 S = ReplicaState
 
@@ -83,6 +83,8 @@ class Pass:
         self.floor = max([floor, *(r.generation for r in replicas.values())])
         self.events: list[Event] = []
         self._view: ClusterView | None = None
+        # Specs that found no room this pass; valid until something is released.
+        self._no_room: dict[tuple[str, frozenset[str]], Unschedulable] = {}
 
     @property
     def view(self) -> ClusterView:
@@ -107,18 +109,24 @@ class Pass:
     def drop(self, r: Replica, why: str) -> None:
         if self._view is not None:
             self._view.release(r.members)
+        if r.members:
+            self._no_room.clear()
         self.work.pop(r.id, None)
         self.event(r, why)
 
     def unplace(self, r: Replica) -> Replica:
         if self._view is not None:
             self._view.release(r.members)
+        if r.members:
+            self._no_room.clear()
         return self.put(evolve(r, members=(), fabric=""))
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
         """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
-        result = place(r.spec, self.view, exclude=exclude)
+        key = (r.spec.template_hash(), exclude)
+        result = self._no_room.get(key) or place(r.spec, self.view, exclude=exclude)
         if not isinstance(result, Placement):
+            self._no_room[key] = result
             if r.reason != result.reason:
                 self.event(r, f"unschedulable: {result.reason}")
             return self.put(evolve(r, state=S.PENDING, reason=result.reason))
