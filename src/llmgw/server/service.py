@@ -62,13 +62,16 @@ class KeyWatcher:
         self._stamp: tuple[int, ...] = ()
 
     def _current_stamp(self) -> tuple[int, ...]:
+        # The folder's own mtime moves when a key is added, revoked (moved out) or
+        # replaced by rename, which is how `llmgw keys` writes. Stat'ing every key file
+        # each second would cost real CPU at tens of thousands of nodes; an edit in
+        # place is picked up by SIGHUP.
         try:
-            entries = sorted(os.scandir(self.folder), key=lambda e: e.name)
-            return (os.stat(self.folder).st_mtime_ns,
-                    *(e.stat().st_mtime_ns for e in entries if e.name.endswith(".key")))
+            st = os.stat(self.folder)
         except OSError as exc:
             log.error("cannot read %s: %s", self.folder, exc)
             return self._stamp
+        return (st.st_mtime_ns, st.st_nlink, st.st_size)
 
     def reload_if_changed(self, force: bool = False) -> bool:
         stamp = self._current_stamp()

@@ -1,0 +1,210 @@
+"""Control-plane figures: N simulated agents (real CURVE DEALER sockets, several hundred
+per worker process) against one `llmgw server` process.
+
+Prints, per N: the server's CPU seconds per heartbeat, its resident memory per node, and
+heartbeat-to-acknowledgement latency p50/p99 as the agents see it.
+
+    .venv/bin/python bench/control_plane.py                  # N = 1,000 and 10,000
+    .venv/bin/python bench/control_plane.py --nodes 2000 --window 20
+
+A figure, not a test: nothing here asserts. On a 2-core machine the agents' workers and
+the server share the cores, so latency includes the workers' own scheduling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---- worker: many lightweight agents in one trio process ----
+
+
+async def _worker(server: str, server_key: str, secrets: list[str], interval: float,
+                  warmup: float, window: float) -> dict[str, Any]:
+    import trio
+    import zmq
+
+    from llmgw import PROTOCOL_VERSION
+    from llmgw.model.inventory import Inventory, NodeInfo
+    from llmgw.transport import codec
+    from llmgw.transport.dealer import connect
+    from llmgw.transport.keys import load_pair, load_public
+    from llmgw.transport.messages import Heartbeat, HeartbeatAck, Hello, Welcome
+
+    ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    server_public = load_public(server_key)
+    latencies: list[float] = []
+    acks = 0
+    welcomed = 0
+    start = trio.current_time()
+    measure_from = start + warmup
+    measure_to = measure_from + window
+
+    async def agent(secret: str) -> None:
+        nonlocal acks, welcomed
+        pair = load_pair(secret)
+        hello = codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(pair.identity, "127.0.0.1"), Inventory()))
+        async with connect(ctx, server, pair, server_public) as conn:
+            await conn.send(hello)
+            while not isinstance(codec.decode(await conn.recv()), Welcome):
+                pass
+            welcomed += 1
+            await trio.sleep(random.random() * interval)
+            seq = 0
+            while trio.current_time() < measure_to:
+                seq += 1
+                sent = trio.current_time()
+                await conn.send(codec.encode(Heartbeat(seq)))
+                while True:
+                    msg = codec.decode(await conn.recv())
+                    if isinstance(msg, HeartbeatAck) and msg.seq == seq:
+                        break
+                now = trio.current_time()
+                if measure_from <= sent < measure_to:
+                    latencies.append(now - sent)
+                    acks += 1
+                await trio.sleep(max(0.0, interval - (now - sent)))
+
+    async with trio.open_nursery() as nursery:
+        for s in secrets:
+            nursery.start_soon(agent, s)
+    ctx.destroy(linger=0)
+    return {"latencies": latencies, "acks": acks, "welcomed": welcomed}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    import trio
+
+    _raise_fd_limit()
+    secrets = Path(args.secrets).read_text().split()
+    result = trio.run(_worker, args.server, args.server_key, secrets, args.interval,
+                      args.warmup, args.window)
+    print(json.dumps(result))
+
+
+# ---- driver ----
+
+
+def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, float]:
+    from llmgw.transport import keys
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from fakes.engines import free_port  # type: ignore[import-not-found]
+
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
+        root = Path(tmp)
+        kd = root / "keys"
+        keys.init_keys(str(kd))
+        t0 = time.monotonic()
+        names = [f"n{i:05d}" for i in range(n)]
+        for name in names:
+            keys.issue_key(str(kd), "node", name)
+        print(f"  issued {n} keys in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        (root / "server.toml").write_text(
+            f'bind = "{address}"\nkeys_dir = "{kd}"\nstate_dir = "{root / "state"}"\n'
+            f'heartbeat_interval = "{interval}s"\n')
+        log = open(root / "server.log", "wb")  # noqa: SIM115
+        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config",
+                                   str(root / "server.toml")], stdout=log, stderr=subprocess.STDOUT,
+                                  preexec_fn=_raise_fd_limit)
+        try:
+            while b"listening on" not in (root / "server.log").read_bytes():
+                time.sleep(0.1)
+            rss_idle = _rss_bytes(server.pid)
+            chunks = [names[i:i + per_worker] for i in range(0, n, per_worker)]
+            # Connecting N CURVE clients takes a while on 2 cores: give it time before measuring.
+            warmup = max(10.0, n / 400)
+            workers = []
+            for i, chunk in enumerate(chunks):
+                sf = root / f"secrets-{i}"
+                sf.write_text("\n".join(str(kd / f"{nm}.key_secret") for nm in chunk))
+                workers.append(subprocess.Popen(
+                    [sys.executable, __file__, "--worker", "--server", address, "--server-key",
+                     str(kd / "server.key"), "--secrets", str(sf), "--interval", str(interval),
+                     "--warmup", str(warmup), "--window", str(window)],
+                    stdout=subprocess.PIPE))
+            time.sleep(warmup)
+            cpu0 = _cpu_seconds(server.pid)
+            time.sleep(window)
+            cpu1 = _cpu_seconds(server.pid)
+            rss = _rss_bytes(server.pid)
+            results = [json.loads(w.communicate()[0]) for w in workers]
+        finally:
+            server.terminate()
+            server.wait(30)
+            log.close()
+    lat = sorted(x for r in results for x in r["latencies"])
+    acks = sum(r["acks"] for r in results)
+    welcomed = sum(r["welcomed"] for r in results)
+    return {
+        "nodes": n,
+        "welcomed": welcomed,
+        "heartbeats": acks,
+        "cpu_per_heartbeat_ms": (cpu1 - cpu0) / max(acks, 1) * 1000,
+        "server_core_share": (cpu1 - cpu0) / window,
+        "rss_per_node_kib": (rss - rss_idle) / max(welcomed, 1) / 1024,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, action="append", help="N (repeatable); default 1000 and 10000")
+    p.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
+    p.add_argument("--window", type=float, default=20.0, help="measured seconds")
+    p.add_argument("--per-worker", type=int, default=1250, help="agents per worker process")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--server", help=argparse.SUPPRESS)
+    p.add_argument("--server-key", help=argparse.SUPPRESS)
+    p.add_argument("--secrets", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=float, default=10.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    _raise_fd_limit()
+    print(f"{'nodes':>7} {'ready':>7} {'heartbeats':>10} {'CPU/hb':>9} {'core':>6} {'RSS/node':>9} "
+          f"{'p50':>8} {'p99':>8}")
+    for n in args.nodes or [1000, 10000]:
+        r = run(n, args.interval, args.window, args.per_worker)
+        print(f"{r['nodes']:>7} {r['welcomed']:>7} {r['heartbeats']:>10} "
+              f"{r['cpu_per_heartbeat_ms']:>7.3f}ms {r['server_core_share']:>5.0%} "
+              f"{r['rss_per_node_kib']:>6.1f}KiB {r['p50_ms']:>6.2f}ms {r['p99_ms']:>6.2f}ms",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
