@@ -8,7 +8,7 @@ from typing import Any
 
 import trio
 
-from llmgw.ctl.render import render_status
+from llmgw.ctl import render
 from llmgw.ctl.settings import resolve
 from llmgw.transport.client import request
 
@@ -19,8 +19,33 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
     p.add_argument("--server-key", help="the server's public key file (or LLMGW_SERVER_KEY)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the server")
     sub = p.add_subparsers(dest="ctl_cmd", required=True, parser_class=parser_class)
-    st = sub.add_parser("status", help="nodes, fabrics, deployments and replicas")
-    st.add_argument("-o", "--output", choices=["table", "json"], default="table")
+
+    def cmd(name: str, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help)
+        c.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        return c
+
+    cmd("status", "nodes, fabrics, deployments and replicas")
+    cmd("apply", "create or update a deployment from a file").add_argument(
+        "-f", "--file", required=True, help="deployment YAML")
+    cmd("get", "list deployments, replicas or nodes").add_argument(
+        "what", choices=["deployments", "replicas", "nodes"])
+    d = cmd("describe", "a deployment: spec, replicas, events, why anything is pending")
+    d.add_argument("kind", choices=["deployment"])
+    d.add_argument("name")
+    de = cmd("delete", "delete a deployment (its engines are stopped)")
+    de.add_argument("kind", choices=["deployment"])
+    de.add_argument("name")
+    sc = cmd("scale", "set a deployment's replica count")
+    sc.add_argument("name")
+    sc.add_argument("--replicas", type=int, required=True)
+    for name, help in [("cordon", "place nothing new on a node"),
+                       ("uncordon", "let placement use a node again"),
+                       ("drain", "cordon a node and move its replicas away (new ready first)")]:
+        cmd(name, help).add_argument("node")
+    lg = cmd("logs", "an engine's log tail, fetched from its node")
+    lg.add_argument("replica")
+    lg.add_argument("--lines", type=int, default=200)
 
 
 def call(args: argparse.Namespace, op: str, params: dict[str, Any] | None = None) -> Any:
@@ -29,10 +54,31 @@ def call(args: argparse.Namespace, op: str, params: dict[str, Any] | None = None
                     args.timeout)
 
 
+def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    c = args.ctl_cmd
+    if c == "apply":
+        from llmgw.config._strict import read_yaml
+        from llmgw.config.deployment import load_deployment
+
+        load_deployment(args.file)  # a bad file is the operator's to fix, before sending
+        return "apply", {"spec": read_yaml(args.file), "source": args.file}
+    if c == "get":
+        return "get", {"what": args.what}
+    if c in ("describe", "delete"):
+        return c, {"name": args.name}
+    if c == "scale":
+        return "scale", {"name": args.name, "replicas": args.replicas}
+    if c in ("cordon", "uncordon", "drain"):
+        return "cordon", {"node": args.node, "cordoned": c != "uncordon", "draining": c == "drain"}
+    if c == "logs":
+        return "logs", {"replica": args.replica, "lines": args.lines}
+    return c, {}
+
+
 def run_ctl(args: argparse.Namespace) -> None:
-    if args.ctl_cmd == "status":
-        result = call(args, "status")
-        if args.output == "json":
-            print(json.dumps(result, indent=2))
-        else:
-            print(render_status(result))
+    op, params = _params(args)
+    result = call(args, op, params)
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print(render.render(args.ctl_cmd, args, result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,3 +92,62 @@ def render_status(st: dict[str, Any]) -> str:
     for note in notes:
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def _replicas_table(items: list[dict[str, Any]]) -> str:
+    return table(["ID", "DEPLOYMENT", "STATE", "GEN", "NODES", "ENDPOINT", "REASON"], [
+        [r["id"], r["deployment"], r["state"], r.get("generation", ""),
+         ",".join(r.get("nodes", [])) or "-", r.get("endpoint", "") or "-", r.get("reason", "")]
+        for r in items])
+
+
+def _deployments_table(items: list[dict[str, Any]]) -> str:
+    return table(["NAME", "MODEL", "ENGINE", "READY", "STATUS"], [
+        [d["name"], d["model"], d["engine"], f"{d.get('ready', 0)}/{d.get('replicas', 0)}",
+         d.get("status", "")] for d in items])
+
+
+def _describe(d: dict[str, Any]) -> str:
+    lines = [f"Name:      {d['name']}", f"Model:     {d['model']} (served as {d['served_name']})",
+             f"Engine:    {d['engine']}", f"Replicas:  {d['ready']}/{d['replicas']} ready",
+             f"Status:    {d['status']}", "Spec:"]
+    lines += [f"  {k}: {v}" for k, v in d["spec"].items()]
+    lines += ["", "Replicas:", _replicas_table(d["replica_list"])]
+    for rid, why in d.get("pending", {}).items():
+        lines.append(f"pending {rid}: {why}")
+    for r in d["replica_list"]:
+        if r.get("last_log_tail"):
+            lines += ["", f"Last log of {r['id']}:", *("  " + x for x in r["last_log_tail"])]
+    lines += ["", "Events:"]
+    lines += [f"  {time.strftime('%H:%M:%S', time.localtime(e['ts']))}  {e['replica'] or '-'}  "
+              f"{e['text']}" for e in d.get("events", [])]
+    return "\n".join(lines)
+
+
+def render(cmd: str, args: Any, result: Any) -> str:
+    """Text for one ctl subcommand's result."""
+    if cmd == "status":
+        return render_status(result)
+    if cmd == "get":
+        if args.what == "deployments":
+            return _deployments_table(result)
+        if args.what == "replicas":
+            return _replicas_table(result)
+        return render_status({"nodes": result})
+    if cmd == "describe":
+        return _describe(result)
+    if cmd == "logs":
+        head = f"# {result['replica']} on {result['node'] or '-'}"
+        if result.get("note"):
+            head += f" ({result['note']})"
+        return "\n".join([head, *result["lines"]])
+    if cmd == "apply":
+        if not result.get("changed"):
+            return f"deployment {result['deployment']} unchanged"
+        return f"deployment {result['deployment']} {result['action']}"
+    if cmd == "delete":
+        return f"deployment {result['deployment']} deleted"
+    if cmd == "scale":
+        return f"deployment {result['deployment']} scaled to {result['replicas']}"
+    state = "draining" if result.get("draining") else "cordoned" if result.get("cordoned") else "uncordoned"
+    return f"node {result['node']} {state}"

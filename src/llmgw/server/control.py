@@ -9,8 +9,9 @@ op name -> (roles allowed, handler), which later parts of the server extend.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from attrs import define, field
@@ -43,7 +44,9 @@ from llmgw.transport.zap import split_user_id
 log = logging.getLogger(__name__)
 
 Outgoing = tuple[bytes, Message]  # (routing id, message)
+# A handler returns its result, or an awaitable of it (ops that write the store).
 OpHandler = Callable[["Peer", dict[str, Any], float], Any]
+Deferred = tuple[bytes, str, Awaitable[Any]]  # routing id, request id, the work
 
 
 class RequestError(LlmgwError):
@@ -76,8 +79,17 @@ class ControlPlane:
     # Identities ("role:identity") currently authorized; messages from others are refused.
     authorized: set[str] = field(factory=set)
     ops: dict[str, tuple[frozenset[str], OpHandler]] = field(factory=dict)
-    # Called after a node's Hello or reports change what the rest of the server knows.
-    on_node_change: Callable[[Node, float], list[Outgoing]] | None = None
+    # Called after a node's Hello ("hello"), inventory ("inventory") or engine report
+    # ("engine") changes what the rest of the server knows.
+    on_node_change: Callable[[Node, float, str], list[Outgoing]] | None = None
+    # Adds to the status view (deployments, replicas, notes).
+    extend_status: Callable[[float], dict[str, Any]] | None = None
+    # Requests whose answer needs I/O: the shell awaits them and sends the Reply.
+    deferred: list[Deferred] = field(factory=list)
+    # After a server restart, no node is declared lost before this time.
+    lost_not_before: float = 0.0
+    # Added to trio's clock to make wall-clock time (what the store keeps).
+    clock_offset: float = 0.0
     # Called every tick with the nodes whose state changed (and their previous state).
     on_tick: Callable[[list[tuple[Node, NodeState]], float], list[Outgoing]] | None = None
     pending_logs: dict[str, Callable[[LogsReply], None]] = field(factory=dict)
@@ -105,7 +117,8 @@ class ControlPlane:
             log.warning("dropped a bad message from %s: %s", uid, exc)
             return []
         if isinstance(msg, Request):
-            return [(routing_id, self._request(peer, msg, now))]
+            reply = self._request(peer, msg, now)
+            return [(routing_id, reply)] if reply is not None else []
         if role != "node":
             self.dropped += 1
             log.warning("dropped %s from %s: only nodes send it", codec.kind_of(msg), uid)
@@ -120,10 +133,10 @@ class ControlPlane:
             return [(routing_id, HeartbeatAck(seq=msg.seq))]
         if isinstance(msg, InventoryChanged):
             node.inventory = msg.inventory
-            return self._changed(node, now)
+            return self._changed(node, now, "inventory")
         if isinstance(msg, EngineChanged):
             node.engines[msg.report.replica_id] = msg.report
-            return self._changed(node, now)
+            return self._changed(node, now, "engine")
         if isinstance(msg, LogsReply):
             waiter = self.pending_logs.pop(msg.request_id, None)
             if waiter is not None:
@@ -154,7 +167,7 @@ class ControlPlane:
             self._heard(node, peer.routing_id, now)
         node.engines = engines
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
-        return [(peer.routing_id, welcome), *self._changed(node, now)]
+        return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
 
     def _heard(self, node: Node, routing_id: bytes, now: float) -> None:
         before = node.state
@@ -165,10 +178,10 @@ class ControlPlane:
         if before != node.state:
             log.info("node %s: %s -> %s", node.node_id, before, node.state)
 
-    def _changed(self, node: Node, now: float) -> list[Outgoing]:
-        return self.on_node_change(node, now) if self.on_node_change else []
+    def _changed(self, node: Node, now: float, what: str) -> list[Outgoing]:
+        return self.on_node_change(node, now, what) if self.on_node_change else []
 
-    def _request(self, peer: Peer, req: Request, now: float) -> Reply:
+    def _request(self, peer: Peer, req: Request, now: float) -> Reply | None:
         if req.protocol != PROTOCOL_VERSION:
             return Reply(req.request_id, False, error=f"protocol {req.protocol} not supported")
         entry = self.ops.get(req.op)
@@ -179,9 +192,13 @@ class ControlPlane:
             log.warning("refused %s request from %s %s", req.op, peer.role, peer.identity)
             return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {req.op!r}")
         try:
-            return Reply(req.request_id, True, result=handler(peer, req.params, now))
+            result = handler(peer, req.params, now)
         except LlmgwError as exc:
             return Reply(req.request_id, False, error=str(exc))
+        if inspect.isawaitable(result):
+            self.deferred.append((peer.routing_id, req.request_id, result))
+            return None
+        return Reply(req.request_id, True, result=result)
 
     # ---- timers and keys ----
 
@@ -193,6 +210,8 @@ class ControlPlane:
             event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after)
             if event is None:
                 continue
+            if event is NodeEvent.GONE and now < self.lost_not_before:
+                event = NodeEvent.SILENT
             before = node.state
             node.state = next_state(before, event)
             if node.state != before:
@@ -214,5 +233,11 @@ class ControlPlane:
 
     # ---- ops ----
 
+    def status(self, now: float) -> dict[str, Any]:
+        view = status_view(self, now)
+        if self.extend_status is not None:
+            view.update(self.extend_status(now))
+        return view
+
     def _op_status(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        return status_view(self, now)
+        return self.status(now)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 import zmq
@@ -16,8 +17,10 @@ import zmq
 from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError
 from llmgw.server.control import ControlPlane, Outgoing
+from llmgw.server.orchestrator import Orchestrator, open_store
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
+from llmgw.transport.messages import Reply
 from llmgw.transport.zap import serve_zap, user_id
 from llmgw.transport.zmqtrio import TrioSocket
 
@@ -91,19 +94,21 @@ class KeyWatcher:
 async def serve_server(
     config: ServerConfig,
     *,
-    setup: Callable[[ControlPlane, Callable[[list[Outgoing]], None]], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the control plane until cancelled. `task_status.started` gets the bound address.
-
-    `setup`, when given, is awaited with the ControlPlane and a send function before the
-    socket starts receiving: later parts of the server (placement, state) hook in there.
-    """
+    """Run the control plane until cancelled. `task_status.started` gets the bound address."""
     keys_dir = Path(config.keys_dir)
     pair = load_pair(str(keys_dir / "server.key_secret"))
     watcher = KeyWatcher(keys_dir / "authorized")
     watcher.reload_if_changed(force=True)
     cp = ControlPlane(config=config, authorized=watcher.uids())
+    cp.clock_offset = time.time() - trio.current_time()
+
+    def clock() -> float:
+        return trio.current_time() + cp.clock_offset
+
+    store = await trio.to_thread.run_sync(open_store, config)
+    orchestrator = Orchestrator(cp, store, config, clock())
 
     ctx = zmq.Context()
     try:
@@ -131,8 +136,7 @@ async def serve_server(
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             transport = ServerTransport(TrioSocket(sock))
             try:
-                if setup is not None:
-                    await setup(cp, transport.send_all)
+                await nursery.start(orchestrator.serve, transport.send_all, clock)
                 nursery.start_soon(_sighup, watcher, cp, transport.send_all)
                 log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
                 task_status.started(bound)
@@ -146,6 +150,7 @@ async def serve_server(
                 transport.sock.close()
     finally:
         ctx.term()
+        store.close()
 
 
 class Transport(Protocol):
@@ -167,13 +172,25 @@ async def run_plane(
             await trio.sleep(tick_interval)
             if on_tick is not None:
                 on_tick()
-            transport.send_all(cp.tick(trio.current_time()))
+            transport.send_all(cp.tick(trio.current_time() + cp.clock_offset))
+
+    async def finish(rid: bytes, request_id: str, work: Awaitable[Any]) -> None:
+        try:
+            reply = Reply(request_id, True, result=await work)
+        except LlmgwError as exc:
+            reply = Reply(request_id, False, error=str(exc))
+        except Exception:
+            log.exception("request %s failed", request_id)
+            reply = Reply(request_id, False, error="internal error; see the server's log")
+        transport.send_all([(rid, reply)])
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         while True:
             rid, uid, payload = await transport.recv()
-            transport.send_all(cp.handle(rid, uid, payload, trio.current_time()))
+            transport.send_all(cp.handle(rid, uid, payload, trio.current_time() + cp.clock_offset))
+            while cp.deferred:
+                nursery.start_soon(finish, *cp.deferred.pop(0))
             # A flood from one peer must not starve the others or the ticker.
             await trio.lowlevel.checkpoint()
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.inventory import Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.fabrics import fabric_view, islands
 
 if TYPE_CHECKING:
     from llmgw.server.control import ControlPlane, Node
+    from llmgw.server.orchestrator import Orchestrator
+    from llmgw.server.store import StoredEvent
 
 
 def _storage(s: StorageReport) -> dict[str, Any]:
@@ -60,4 +63,69 @@ def status_view(cp: ControlPlane, now: float) -> dict[str, Any]:
         "nodes": [node_view(n, now) for n in nodes],
         "fabrics": fabric_view(inventories),
         "islands": islands(inventories),
+    }
+
+
+def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": r.id,
+        "deployment": r.deployment,
+        "state": str(r.state),
+        "generation": r.generation,
+        "nodes": list(r.node_ids),
+        "gpus": list(r.gpus),
+        "endpoint": r.endpoint,
+        "fabric": r.fabric,
+        "restarts": r.restarts,
+        "reason": r.reason,
+    }
+    if r.state in (ReplicaState.BACKOFF, ReplicaState.CRASH_LOOPING):
+        row["backoff_until"] = r.backoff_until
+        row["last_log_tail"] = list(r.last_log_tail)
+    return row
+
+
+def replica_rows(o: Orchestrator) -> list[dict[str, Any]]:
+    return [replica_row(r) for r in sorted(o.replicas.values(), key=lambda r: r.id)]
+
+
+def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> str:
+    ready = sum(r.state == ReplicaState.READY for r in mine)
+    reasons = sorted({o.pending[r.id] for r in mine if r.id in o.pending})
+    if reasons:
+        return "unschedulable: " + "; ".join(reasons)
+    if any(r.state == ReplicaState.CRASH_LOOPING for r in mine):
+        return "crash-looping"
+    if o.holding and any(r.state == ReplicaState.HELD for r in mine):
+        return o.holding
+    return "ready" if ready >= d.replicas else "progressing"
+
+
+def deployment_rows(o: Orchestrator) -> list[dict[str, Any]]:
+    rows = []
+    for name, d in sorted(o.deployments.items()):
+        mine = [r for r in o.replicas.values() if r.deployment == name]
+        rows.append({
+            "name": name,
+            "model": d.model,
+            "served_name": d.served_name,
+            "engine": str(d.engine),
+            "replicas": d.replicas,
+            "ready": sum(r.state == ReplicaState.READY for r in mine),
+            "status": _deployment_status(o, d, mine),
+        })
+    return rows
+
+
+def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent]) -> dict[str, Any]:
+    from llmgw.server.store import _conv
+
+    mine = sorted((r for r in o.replicas.values() if r.deployment == d.name), key=lambda r: r.id)
+    row = next(r for r in deployment_rows(o) if r["name"] == d.name)
+    return {
+        **row,
+        "spec": _conv.unstructure(d, Deployment),
+        "replica_list": [replica_row(r) for r in mine],
+        "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
+        "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
     }

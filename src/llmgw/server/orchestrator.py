@@ -1,0 +1,302 @@
+"""Deployments into engines on nodes: the trio shell around reconcile, placement and the
+store.
+
+Passes are coalesced: anything that may change the outcome (a node's Hello, an engine
+report, a node's state, a ctl change, a backoff ending) marks the plan dirty, and one
+task runs the next pass, persists its result, then sends every node whose desired set
+changed its whole new set. A node that says Hello always gets its set, changed or not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from attrs import evolve
+
+from llmgw.config.deployment import parse_deployment
+from llmgw.config.server import ServerConfig
+from llmgw.errors import DeploymentError
+from llmgw.model.deployment import Deployment, Replica, ReplicaState
+from llmgw.model.engine import EngineSpec
+from llmgw.model.node import NodeState
+from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
+from llmgw.server.placement import NodeView
+from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
+from llmgw.server.status import deployment_rows, describe_deployment, replica_rows
+from llmgw.server.store import Store, StoredEvent
+from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest
+
+log = logging.getLogger(__name__)
+
+ADMIN = frozenset({"admin"})
+READERS = frozenset({"admin", "router"})
+LOGS_TIMEOUT = 5.0  # seconds to wait for a node to send an engine's log tail
+
+
+class Orchestrator:
+    def __init__(self, cp: ControlPlane, store: Store, config: ServerConfig, now: float) -> None:
+        self.cp = cp
+        self.store = store
+        self.config = config
+        self.settings = ReconcileSettings(mass_loss_share=config.mass_loss_share,
+                                          grace_period=config.lost_after)
+        self.deployments: dict[str, Deployment] = store.deployments()
+        self.replicas: dict[str, Replica] = store.replicas()
+        self.floor = store.generation_floor()
+        self.holding = ""
+        self.pending: dict[str, str] = {}
+        self.next_wake: float | None = None
+        self.sets: dict[str, tuple[EngineSpec, ...]] = desired_sets(self.replicas.values())
+        self.set_generation = 0
+        self.cordons: dict[str, tuple[bool, bool]] = {}
+        self.silent_since: dict[str, float] = {}
+        self._dirty = trio.Event()
+        self._send: Callable[[list[Outgoing]], None] = lambda out: None
+        self._endpoints: dict[str, Any] = {}
+        self._endpoints_version = 0
+        self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
+        # Nodes known from before a restart get the long first grace period to return.
+        for node_id, stored in store.nodes().items():
+            self.cordons[node_id] = (stored.cordoned, stored.draining)
+            cp.nodes[node_id] = Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
+                                     now, b"", connected=False)
+            self.silent_since[node_id] = now
+        cp.lost_not_before = now + config.restart_grace
+        cp.on_node_change = self._node_changed
+        cp.on_tick = self._ticked
+        cp.ops.update({
+            "apply": (ADMIN, self.op_apply),
+            "delete": (ADMIN, self.op_delete),
+            "scale": (ADMIN, self.op_scale),
+            "cordon": (ADMIN, self.op_cordon),
+            "get": (ADMIN, self.op_get),
+            "describe": (ADMIN, self.op_describe),
+            "endpoints": (READERS, self.op_endpoints),
+            "logs": (ADMIN, self.op_logs),
+        })
+        cp.extend_status = self.status_extra
+
+    # ---- triggers from the control plane ----
+
+    def _node_changed(self, node: Node, now: float, what: str) -> list[Outgoing]:
+        self.silent_since.pop(node.node_id, None)
+        hello = what == "hello"
+        if what in ("hello", "inventory"):
+            self.store_later(node)
+        self.mark_dirty()
+        if hello:
+            return [(node.routing_id, DesiredSet(self._next_set_generation(),
+                                                 self.sets.get(node.node_id, ())))]
+        return []
+
+    def _ticked(self, changed: list[tuple[Node, NodeState]], now: float) -> list[Outgoing]:
+        for node, _before in changed:
+            if node.state != NodeState.READY:
+                self.silent_since.setdefault(node.node_id, node.last_seen)
+        if changed or (self.next_wake is not None and now >= self.next_wake):
+            self.mark_dirty()
+        return []
+
+    def mark_dirty(self) -> None:
+        self._dirty.set()
+
+    def _next_set_generation(self) -> int:
+        self.set_generation += 1
+        return self.set_generation
+
+    def store_later(self, node: Node) -> None:
+        self._pending_nodes[node.node_id] = node
+
+    # ---- the pass ----
+
+    def node_views(self) -> dict[str, NodeView]:
+        views = {}
+        for n in self.cp.nodes.values():
+            cordoned, draining = self.cordons.get(n.node_id, (False, False))
+            views[n.node_id] = NodeView(
+                info=n.info, inventory=n.inventory, state=n.state, cordoned=cordoned,
+                draining=draining, silent_since=self.silent_since.get(n.node_id))
+        return views
+
+    def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:
+        reports = {n.node_id: n.engines.values() for n in self.cp.nodes.values()
+                   if n.state == NodeState.READY}
+        result = reconcile(self.deployments, self.replicas, self.node_views(), reports, now,
+                           self.settings, self.floor)
+        if result.holding != self.holding:
+            (log.warning if result.holding else log.info)(
+                "%s", result.holding or "mass-loss guard released")
+        self.holding = result.holding
+        self.pending = result.pending
+        self.next_wake = result.next_wake
+        self.replicas = result.replicas
+        self.floor = result.generation_floor
+        events = [StoredEvent(now, e.deployment, e.replica, e.text) for e in result.events]
+        for e in result.events:
+            log.info("%s: %s", e.replica, e.text)
+        out: list[Outgoing] = []
+        if result.changed_nodes:
+            self.sets = desired_sets(self.replicas.values())
+            for node_id in sorted(result.changed_nodes):
+                node = self.cp.nodes.get(node_id)
+                if node is not None and node.connected and node.routing_id:
+                    out.append((node.routing_id, DesiredSet(self._next_set_generation(),
+                                                            self.sets.get(node_id, ()))))
+        return out, events
+
+    async def serve(self, send: Callable[[list[Outgoing]], None], clock: Callable[[], float],
+                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._send = send
+        self.mark_dirty()
+        task_status.started()
+        while True:
+            await self._dirty.wait()
+            self._dirty = trio.Event()
+            nodes, self._pending_nodes = self._pending_nodes, {}
+            for node in nodes.values():
+                await trio.to_thread.run_sync(self.store.put_node, node.info, node.inventory,
+                                              node.last_seen)
+            out, events = self.run_pass(clock())
+            # Persist before telling anyone: what a node is asked to run survives a crash.
+            await trio.to_thread.run_sync(functools.partial(
+                self.store.save_replicas, self.replicas, events=events, generation_floor=self.floor))
+            send(out)
+            # Coalesce bursts (fifty engines reporting ready) into one pass.
+            await trio.sleep(0.05)
+
+    # ---- ctl ops (async: they write the store before answering) ----
+
+    async def op_apply(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        try:
+            d = parse_deployment(params.get("spec") or {}, str(params.get("source", "<request>")))
+        except DeploymentError as exc:
+            raise RequestError(str(exc)) from None
+        old = self.deployments.get(d.name)
+        if old == d:
+            return {"deployment": d.name, "changed": False}
+        await trio.to_thread.run_sync(self.store.put_deployment, d, now)
+        self.deployments[d.name] = d
+        what = "created" if old is None else "updated"
+        await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(now, d.name, "", what)])
+        self.mark_dirty()
+        return {"deployment": d.name, "changed": True, "action": what}
+
+    async def op_delete(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        name = str(params.get("name", ""))
+        if name not in self.deployments:
+            raise RequestError(f"no deployment named {name!r}")
+        await trio.to_thread.run_sync(self.store.delete_deployment, name)
+        del self.deployments[name]
+        self.mark_dirty()
+        return {"deployment": name, "deleted": True}
+
+    async def op_scale(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        name, n = str(params.get("name", "")), params.get("replicas")
+        if name not in self.deployments:
+            raise RequestError(f"no deployment named {name!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise RequestError(f"replicas: expected a whole number >= 0, got {n!r}")
+        d = evolve(self.deployments[name], replicas=n)
+        await trio.to_thread.run_sync(self.store.put_deployment, d, now)
+        self.deployments[name] = d
+        self.mark_dirty()
+        return {"deployment": name, "replicas": n}
+
+    async def op_cordon(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        node_id = str(params.get("node", ""))
+        cordoned, draining = bool(params.get("cordoned", True)), bool(params.get("draining", False))
+        if node_id not in self.cp.nodes:
+            raise RequestError(f"no node named {node_id!r}")
+        await trio.to_thread.run_sync(
+            lambda: self.store.set_cordoned(node_id, cordoned, draining=draining))
+        self.cordons[node_id] = (cordoned, draining)
+        self.mark_dirty()
+        return {"node": node_id, "cordoned": cordoned, "draining": draining}
+
+    def op_get(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        what = params.get("what")
+        if what == "deployments":
+            return deployment_rows(self)
+        if what == "replicas":
+            return replica_rows(self)
+        if what == "nodes":
+            return self.cp.status(now)["nodes"]
+        raise RequestError(f"cannot get {what!r}: deployments, replicas or nodes")
+
+    async def op_describe(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        name = str(params.get("name", ""))
+        if name not in self.deployments:
+            raise RequestError(f"no deployment named {name!r}")
+        events = await trio.to_thread.run_sync(
+            lambda: self.store.events(deployment=name, limit=50))
+        return describe_deployment(self, self.deployments[name], events)
+
+    async def op_logs(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        rid = str(params.get("replica", ""))
+        lines = int(params.get("lines", 200))
+        r = self.replicas.get(rid)
+        if r is None:
+            raise RequestError(f"no replica named {rid!r}")
+        if not r.members:
+            return {"replica": rid, "node": "", "lines": list(r.last_log_tail),
+                    "note": "not placed now; this is the log tail of its last failure"}
+        node_id = r.members[0].node_id
+        node = self.cp.nodes.get(node_id)
+        if node is None or not node.connected or node.state == NodeState.LOST:
+            raise RequestError(f"node {node_id} is not connected; cannot fetch the log of {rid}")
+        request_id = uuid.uuid4().hex
+        got: list[LogsReply] = []
+        arrived = trio.Event()
+
+        def deliver(reply: LogsReply) -> None:
+            got.append(reply)
+            arrived.set()
+
+        self.cp.pending_logs[request_id] = deliver
+        self._send([(node.routing_id, LogsRequest(request_id, rid, lines))])
+        with trio.move_on_after(LOGS_TIMEOUT):
+            await arrived.wait()
+        self.cp.pending_logs.pop(request_id, None)
+        if not got:
+            raise RequestError(f"node {node_id} did not answer within {LOGS_TIMEOUT:g}s")
+        if got[0].error:
+            raise RequestError(f"node {node_id}: {got[0].error}")
+        return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
+
+    def op_endpoints(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        table = self.endpoint_table()
+        if table != self._endpoints:
+            self._endpoints = table
+            self._endpoints_version += 1
+        return {"version": self._endpoints_version, "models": table}
+
+    def endpoint_table(self) -> dict[str, list[dict[str, Any]]]:
+        """Served name -> replicas. A suspect node's replicas stay: the router judges by
+        whether the engine answers. A lost node's do not."""
+        table: dict[str, list[dict[str, Any]]] = {}
+        for r in sorted(self.replicas.values(), key=lambda r: r.id):
+            if not r.endpoint or r.state not in (ReplicaState.READY, ReplicaState.UNHEALTHY,
+                                                 ReplicaState.HELD):
+                continue
+            head = self.cp.nodes.get(r.members[0].node_id)
+            if head is None or head.state == NodeState.LOST and r.state != ReplicaState.HELD:
+                continue
+            table.setdefault(r.spec.served_name, []).append(
+                {"replica_id": r.id, "url": r.endpoint, "ready": r.state == ReplicaState.READY})
+        return table
+
+    def status_extra(self, now: float) -> dict[str, Any]:
+        notes = [self.holding] if self.holding else []
+        return {"deployments": deployment_rows(self), "replicas": replica_rows(self),
+                "notes": notes}
+
+
+def open_store(config: ServerConfig) -> Store:
+    os.makedirs(config.state_dir, exist_ok=True)
+    return Store(os.path.join(config.state_dir, "state.db"))
