@@ -40,6 +40,40 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float
         time.sleep(interval)
 
 
+def engine_pids(root: Path) -> dict[int, str]:
+    """Live engine processes started under `root` (their cwd is below it): pid -> the
+    LLMGW_REPLICA_ID tag in their environment. Engines outlive agents, so tests look for
+    them here rather than through any agent."""
+    found: dict[int, str] = {}
+    prefix = str(root)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if not os.readlink(f"/proc/{entry}/cwd").startswith(prefix):
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        tag = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"LLMGW_REPLICA_ID=")), "")
+        if tag:
+            found[int(entry)] = tag
+    return found
+
+
+def kill_engines(root: Path) -> None:
+    """Safety net for a test's end: SIGKILL, by pid, every engine started under `root`."""
+    for pid in engine_pids(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class Proc:
     def __init__(self, argv: list[str], log: Path, env: Mapping[str, str] | None = None) -> None:
         self.argv = argv
@@ -86,6 +120,7 @@ class Cluster:
             f'heartbeat_interval = "{heartbeat}"\nlost_after = "{lost_after}"\n{extra_server}'
         )
         self.procs: list[Proc] = []
+        self._ranges = 0
         keys.issue_key(str(self.keys_dir), "admin", "ops")
         self.admin_key = str(self.keys_dir / "ops.key_secret")
         self.server_key = str(self.keys_dir / "server.key")
@@ -116,6 +151,8 @@ class Cluster:
                           "nvidia_smi": str(work / "no-nvidia-smi")},
             "supervisor": {"work_dir": str(work / "work"), "stop_timeout": "5s",
                            "health_interval": "500ms"},
+            # Every test "node" shares 127.0.0.1: give each its own ports.
+            "port_range": list(self._port_range()),
         }
         for k, v in overrides.items():
             if isinstance(v, dict) and isinstance(cfg.get(k), dict):
@@ -125,6 +162,11 @@ class Cluster:
         path = work / "agent.yaml"
         path.write_text(yaml.safe_dump(cfg))
         return path
+
+    def _port_range(self) -> tuple[int, int]:
+        self._ranges += 1
+        base = 20000 + (self.port % 50) * 240 + self._ranges * 80
+        return base, base + 79
 
     def start_agent(self, node_id: str, **kw: Any) -> Proc:
         cfg = self.agent_config(node_id, **kw)
@@ -151,3 +193,4 @@ class Cluster:
     def close(self) -> None:
         for p in reversed(self.procs):
             p.stop()
+        kill_engines(self.root)

@@ -225,6 +225,23 @@ def test_mass_loss_guard_holds_replacement() -> None:
     assert not res.holding and all(r.state == S.READY for r in w.replicas.values())
 
 
+def test_one_lost_node_of_three_is_not_mass_loss() -> None:
+    # A third of a three-node cluster is over 30%, but one silent node says nothing
+    # about the server's own network: its replicas move.
+    c = cluster(*(node(f"n{i}") for i in range(3)))
+    w = World(c, dep(1))
+    w.step()
+    w.ready()
+    victim = w.replicas["d-0"].node_ids[0]
+    w.set_node(victim, state=NodeState.LOST, silent_since=w.now - 61)
+    res = w.step()
+    assert not res.holding and w.replicas["d-0"].node_ids != (victim,)
+    # Two of three silent is held.
+    other = next(n for n in c if n != victim)
+    w.set_node(other, state=NodeState.LOST, silent_since=w.now - 1)
+    assert w.step().holding.startswith("holding: 2 of 3 nodes silent")
+
+
 def test_few_lost_nodes_are_not_mass_loss() -> None:
     c = cluster(*(node(f"n{i}") for i in range(10)))
     w = World(c, dep(3))

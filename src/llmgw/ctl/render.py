@@ -66,7 +66,8 @@ def render_status(st: dict[str, Any]) -> str:
             for m in f.get("models", []):
                 where = [f"shared store {s}" for s in m.get("shared_stores", [])]
                 if m.get("local_nodes"):
-                    where.append(f"local copies on {len(m['local_nodes'])} nodes")
+                    n = len(m["local_nodes"])
+                    where.append(f"local cop{'y' if n == 1 else 'ies'} on {n} node{'' if n == 1 else 's'}")
                 models.append(f"{m['name']} ({'; '.join(where)})")
             frows.append([f["name"], len(f.get("nodes", [])), f.get("gpus", 0),
                           "; ".join(models) or "no models"])

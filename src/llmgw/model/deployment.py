@@ -21,8 +21,9 @@ from attrs import Factory, field, frozen
 
 from .engine import EngineKind, EngineSpec, GangSpec
 
-# Ports reserved on each member of a Ray gang for that replica's Ray processes.
-RAY_PORT_BLOCK = 16
+# Ports reserved on each member of a Ray gang for that replica's Ray processes: a few
+# fixed ones (node manager, object manager, agents), then the workers' range.
+RAY_PORT_BLOCK = 64
 
 
 class Strategy(enum.StrEnum):

@@ -44,6 +44,9 @@ class ReconcileSettings:
     crashloop_after: int = 3  # consecutive failures before "crash-looping"
     stable_after: float = 60.0  # ready this long: the failure count starts again
     mass_loss_share: float = 0.3
+    # One silent node is never evidence against the server's own network, however small
+    # the cluster: in a three-node cluster one node is a third of it.
+    mass_loss_min_nodes: int = 2
     grace_period: float = 60.0  # the server's lost_after: the mass-loss guard's window
 
 
@@ -232,7 +235,7 @@ def _mass_loss(nodes: Mapping[str, NodeView], now: float, s: ReconcileSettings) 
         for v in nodes.values()
         if v.state != NodeState.READY and (v.silent_since is None or v.silent_since >= now - window)
     )
-    if silent / len(nodes) > s.mass_loss_share:
+    if silent >= s.mass_loss_min_nodes and silent / len(nodes) > s.mass_loss_share:
         return (
             f"holding: {silent} of {len(nodes)} nodes silent, suspecting the server's own "
             "network; no replica is placed again until they return or an operator acts"

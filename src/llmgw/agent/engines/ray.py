@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from llmgw.config.agent import AgentConfig
+from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import GangSpec
 
 # Offsets in the block of ports the server reserves from GangSpec.ray_port_base.
@@ -25,8 +26,9 @@ RUNTIME_ENV_AGENT = 5
 RAY_CLIENT_SERVER = 6  # head only
 DASHBOARD = 7  # head only; the dashboard itself is off
 WORKERS_FIRST = 16
-# Size of the block placement must reserve per replica member: ports base .. base+63.
-RAY_PORT_BLOCK_SIZE = 64
+# Size of the block placement reserves per replica member (ports base .. base+63): one
+# constant, in the model, shared with placement.
+RAY_PORT_BLOCK_SIZE = RAY_PORT_BLOCK
 
 
 def ray_address(gang: GangSpec) -> str:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from attrs import evolve
+
 from llmgw.agent.engines.plan import LaunchPlan
 from llmgw.agent.engines.vllm import vllm_plan
 from llmgw.config.agent import AgentConfig
@@ -28,4 +30,8 @@ def simulated_plan(
             "empty, and no interpreter was given for the simulated engine",
         )
     engine = (interpreter, "-m", SIMENGINE_MODULE)
+    # The simulated engine's gang is mp-shaped (rank 0 holds the rendezvous); it does not
+    # run Ray, whatever this node's vLLM uses.
+    mp = evolve(config.engines.vllm, launch_mode="mp")
+    config = evolve(config, engines=evolve(config.engines, vllm=mp))
     return vllm_plan(engine, spec, config, env, cwd, overrides)
