@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.fakes.engines import free_port
 
+from fakes.engines import free_port
 from llmgw.transport import keys
 
 LLMGW = [sys.executable, "-m", "llmgw.cli"]

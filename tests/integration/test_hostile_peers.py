@@ -12,8 +12,8 @@ import msgpack
 import pytest
 import trio
 import zmq
-from tests.fakes.live import Cluster
 
+from fakes.live import Cluster
 from llmgw import PROTOCOL_VERSION
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.transport import codec

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fakes.live import Cluster
 from fakes.models import plain_model
 from fakes.nvidia_smi import nvlink_board, pcie_box
 from fakes.sysfs import add_hca
-from tests.fakes.live import Cluster
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 import zmq
-from tests.fakes.live import Cluster
 
+from fakes.live import Cluster
 from llmgw import PROTOCOL_VERSION
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
 from llmgw.model.inventory import Inventory, NodeInfo

@@ -15,9 +15,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.sysfs import add_hca
-from tests.fakes.live import Cluster, Proc, engine_pids, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.fakes.live import Cluster, run_cli, wait_for
 
+from fakes.live import Cluster, run_cli, wait_for
 from llmgw.transport import keys
 
 
