@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.live import Cluster
+from fakes.live import Cluster, wait_for
 from fakes.models import plain_model
 from fakes.nvidia_smi import nvlink_board, pcie_box
 from fakes.sysfs import add_hca
@@ -81,3 +81,18 @@ def test_two_agents_one_shared_store_counted_once(cluster: Cluster, tmp_path: Pa
     assert "meta/llama-70b (shared store filer-1)" in table
     assert "qwen/qwen-7b (local copy on 1 node)" in table
     assert "islands (no fabric, single-node replicas only): island-01" in table
+
+
+def test_rediscover_on_demand_reports_a_new_model(cluster: Cluster, tmp_path: Path) -> None:
+    store = tmp_path / "models"
+    store.mkdir()
+    cluster.start_server()
+    cluster.start_agent("gpu-a-01", model_dirs=[str(store)])
+    cluster.wait_states({"gpu-a-01": "ready"})
+    assert cluster.status()["nodes"][0]["storage"] == {"asked": True, "models": []}
+    plain_model(store, "org/fresh")
+    r = cluster.ctl("rediscover", "gpu-a-01")
+    assert r.returncode == 0 and "asked gpu-a-01" in r.stdout
+    wait_for(lambda: [m["name"] for m in cluster.status()["nodes"][0]["storage"]["models"]]
+             == ["org/fresh"], 10, "the new model reported")
+    assert cluster.ctl("rediscover", "nobody").returncode == 1

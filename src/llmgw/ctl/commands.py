@@ -43,6 +43,8 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
                        ("uncordon", "let placement use a node again"),
                        ("drain", "cordon a node and move its replicas away (new ready first)")]:
         cmd(name, help).add_argument("node")
+    cmd("rediscover", "ask nodes to run discovery now (all nodes when none named)").add_argument(
+        "nodes", nargs="*")
     lg = cmd("logs", "an engine's log tail, fetched from its node")
     lg.add_argument("replica")
     lg.add_argument("--lines", type=int, default=200)
@@ -70,6 +72,8 @@ def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return "scale", {"name": args.name, "replicas": args.replicas}
     if c in ("cordon", "uncordon", "drain"):
         return "cordon", {"node": args.node, "cordoned": c != "uncordon", "draining": c == "drain"}
+    if c == "rediscover":
+        return "rediscover", {"nodes": args.nodes}
     if c == "logs":
         return "logs", {"replica": args.replica, "lines": args.lines}
     return c, {}

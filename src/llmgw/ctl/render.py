@@ -148,6 +148,11 @@ def render(cmd: str, args: Any, result: Any) -> str:
         return f"deployment {result['deployment']} {result['action']}"
     if cmd == "delete":
         return f"deployment {result['deployment']} deleted"
+    if cmd == "rediscover":
+        text = f"asked {', '.join(result['asked']) or 'no node'} to run discovery"
+        if result["not_connected"]:
+            text += f"; not connected: {', '.join(result['not_connected'])}"
+        return text
     if cmd == "scale":
         return f"deployment {result['deployment']} scaled to {result['replicas']}"
     state = "draining" if result.get("draining") else "cordoned" if result.get("cordoned") else "uncordoned"

@@ -30,7 +30,7 @@ from llmgw.server.placement import NodeView
 from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
 from llmgw.server.status import deployment_rows, describe_deployment, replica_rows
 from llmgw.server.store import Store, StoredEvent
-from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest
+from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Orchestrator:
             "describe": (ADMIN, self.op_describe),
             "endpoints": (READERS, self.op_endpoints),
             "logs": (ADMIN, self.op_logs),
+            "rediscover": (ADMIN, self.op_rediscover),
         })
         cp.extend_status = self.status_extra
 
@@ -236,6 +237,16 @@ class Orchestrator:
         events = await trio.to_thread.run_sync(
             lambda: self.store.events(deployment=name, limit=50))
         return describe_deployment(self, self.deployments[name], events)
+
+    def op_rediscover(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+        """Ask nodes to run discovery now; they report what changed as usual."""
+        wanted = params.get("nodes") or sorted(self.cp.nodes)
+        unknown = [n for n in wanted if n not in self.cp.nodes]
+        if unknown:
+            raise RequestError(f"no node named {unknown[0]!r}")
+        asked = [n for n in wanted if self.cp.nodes[n].connected and self.cp.nodes[n].routing_id]
+        self._send([(self.cp.nodes[n].routing_id, Rediscover()) for n in asked])
+        return {"asked": asked, "not_connected": sorted(set(wanted) - set(asked))}
 
     async def op_logs(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
         rid = str(params.get("replica", ""))
