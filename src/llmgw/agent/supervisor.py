@@ -199,22 +199,29 @@ class Supervisor:
     async def _run(self, eng: _Engine) -> None:
         rec = eng.record
         killed = False
+        health_scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
+
+            async def health() -> None:
+                with health_scope:
+                    await self._watch_health(eng)
 
             async def stopper() -> None:
                 nonlocal killed
                 await eng.stop_requested.wait()
+                health_scope.cancel()
                 self._emit(eng, EngineState.STOPPING, eng.stop_reason)
                 killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
 
             nursery.start_soon(stopper)
             if eng.health:
-                nursery.start_soon(self._watch_health, eng)
+                nursery.start_soon(health)
             else:
                 self._emit(eng, EngineState.READY, "running (watched for liveness only)")
             code = await procs.wait_exit(rec.pid, rec.start_time)
+            health_scope.cancel()
             if not eng.stop_requested.is_set():
-                nursery.cancel_scope.cancel()
+                nursery.cancel_scope.cancel()  # the stopper has nothing left to stop
         # The leader is gone; members it left in its session (its workers, Ray) go too.
         if procs.session_pids(rec.sid):
             killed = await procs.stop_session(rec.sid, self._sup.stop_timeout) or killed
