@@ -85,10 +85,25 @@ def cmd_agent(args: argparse.Namespace) -> None:
 
 def cmd_router(args: argparse.Namespace) -> None:
     from llmgw.config.load_router import load_router_config
-    from llmgw.router.main import run_router
+    from llmgw.router.service import run_router
+    from llmgw.transport.client import request
 
     config = load_router_config(args.config)
-    trio.run(_until_signalled, lambda: run_router(config))
+    trio.run(_until_signalled, lambda: run_router(config, request))
+
+
+def cmd_dev(args: argparse.Namespace) -> None:
+    from llmgw.dev import DevOptions, run_dev
+
+    opts = DevOptions(
+        state_dir=args.state_dir,
+        demo=not args.no_demo,
+        port_base=args.port_base,
+        router_port=args.router_port,
+        real_gpus=args.real_gpus,
+        simulated_gpus=args.simulated_gpus,
+    )
+    trio.run(run_dev, opts)
 
 
 def cmd_keys(args: argparse.Namespace) -> None:
@@ -133,6 +148,28 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("router", help="run the OpenAI-compatible router")
     r.add_argument("--config", required=True, help="router.toml")
     r.set_defaults(func=cmd_router)
+
+    dv = sub.add_parser(
+        "dev",
+        help="server, agent and router in one process, for trying llmgw on this machine",
+        description="Server, one agent and the router in one process on this machine, with "
+        "keys and state in a scratch folder and CURVE on as always. Simulated GPUs and the "
+        "simulated engine unless told otherwise. Applies a demo deployment, waits until it "
+        "is ready and prints how to reach it. Ctrl-C stops everything, engines included.",
+    )
+    dv.add_argument("--state-dir", default=None,
+                    help="keep keys, configs and state here, reused on the next run "
+                    "(default: a scratch folder removed on exit)")
+    dv.add_argument("--no-demo", action="store_true", help="do not apply the demo deployment")
+    dv.add_argument("--port-base", type=int, default=20000,
+                    help="first port of the 1000 that engines are given (default 20000)")
+    dv.add_argument("--router-port", type=int, default=8080,
+                    help="the router's HTTP port on 127.0.0.1 (default 8080; 0: any free port)")
+    dv.add_argument("--real-gpus", action="store_true",
+                    help="use this machine's GPUs where it has any (default: simulated GPUs)")
+    dv.add_argument("--simulated-gpus", type=int, default=2,
+                    help="how many simulated GPUs the agent reports (default 2)")
+    dv.set_defaults(func=cmd_dev)
 
     k = sub.add_parser("keys", help="CURVE key pairs")
     ksub = k.add_subparsers(dest="keys_cmd", required=True, parser_class=_Parser)

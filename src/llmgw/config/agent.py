@@ -29,6 +29,9 @@ class DiscoveryConfig:
     ib_root: str = "/sys/class/infiniband"
     prefer_nvml: bool = True
     skip_gpus: bool = False
+    # Where no GPU source answers (no NVML, no nvidia-smi): report this many simulated
+    # GPUs instead, for trying llmgw without GPUs. 0: never.
+    simulated_gpus: int = 0
     # How often discovery runs again after start (seconds).
     interval: Duration = 60.0
 

@@ -91,6 +91,10 @@ def _check(path: str, cfg: AgentConfig) -> None:
     mode = cfg.engines.vllm.launch_mode
     if mode not in LAUNCH_MODES:
         raise ConfigError(path, "engines.vllm.launch_mode", f'{mode!r} is not one of "ray" or "mp"')
+    if cfg.discovery.simulated_gpus < 0:
+        raise ConfigError(
+            path, "discovery.simulated_gpus", f"{cfg.discovery.simulated_gpus} must be 0 or more"
+        )
     sup = cfg.supervisor
     if sup.log_lines < 1:
         raise ConfigError(path, "supervisor.log_lines", f"{sup.log_lines} must be at least 1")

@@ -51,7 +51,8 @@ async def discover(
     """
     disc = config.discovery
     gpu_reading = await trio.to_thread.run_sync(
-        functools.partial(read_gpus, disc, nvml=nvml, search_path=search_path, pci_root=pci_root)
+        functools.partial(read_gpus, disc, nvml=nvml, search_path=search_path, pci_root=pci_root,
+                          node_id=config.node_id)
     )
     hcas = await trio.to_thread.run_sync(read_hcas, disc.ib_root)
     fabrics = assess_fabrics(hcas, config.fabrics, source=config.source)

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 PCI_ROOT = "/sys/bus/pci/devices"
 NVIDIA_SMI_TIMEOUT = 30.0
+# What a simulated GPU looks like (`discovery.simulated_gpus`, for trying llmgw without GPUs).
+SIMULATED_NAME = "llmgw simulated GPU"
+SIMULATED_MEMORY_MIB = 24 * 1024
+SIMULATED_NVLINKS = 4
 
 
 @frozen
@@ -133,14 +137,60 @@ def _read_nvidia_smi(exe: str, pci_root: str) -> tuple[list[Gpu] | None, list[st
     return gpus, warnings
 
 
+def simulated_gpus(node_id: str, count: int) -> tuple[Gpu, ...]:
+    """`count` fake GPUs for `node_id`: 24 GiB each, NVLink between every pair."""
+    uuids = [f"GPU-sim-{node_id}-{i}" for i in range(count)]
+    return tuple(
+        Gpu(
+            index=i,
+            uuid=uuid,
+            name=SIMULATED_NAME,
+            memory_total=SIMULATED_MEMORY_MIB,
+            memory_free=SIMULATED_MEMORY_MIB,
+            pci_bus_id=f"00000000:{i + 1:02X}:00.0",
+            numa_node=0,
+            compute_capability="9.0",
+            nvlink_peers={peer: SIMULATED_NVLINKS for peer in uuids if peer != uuid},
+        )
+        for i, uuid in enumerate(uuids)
+    )
+
+
+# Node ids whose simulated GPUs were announced already: discovery reruns every minute,
+# and the line is worth reading once.
+_announced: set[str] = set()
+
+
 def read_gpus(
     config: DiscoveryConfig,
     *,
     nvml: Any | None = None,
     search_path: str | None = None,
     pci_root: str = PCI_ROOT,
+    node_id: str = "node",
 ) -> GpuReading:
-    """Read this node's GPUs, ordered by PCI bus id. `nvml` None: try the real pynvml."""
+    """Read this node's GPUs, ordered by PCI bus id. `nvml` None: try the real pynvml.
+
+    Where no GPU source answers and `config.simulated_gpus` > 0, that many simulated GPUs
+    stand in (for trying llmgw without GPUs)."""
+    reading = _read_real(config, nvml=nvml, search_path=search_path, pci_root=pci_root)
+    if reading.source is not GpuSource.NONE or config.simulated_gpus <= 0:
+        return reading
+    if node_id not in _announced:
+        _announced.add(node_id)
+        why = "; ".join(w.removeprefix("no GPUs found: ") for w in reading.warnings) or "no GPUs"
+        log.info("no GPU source (%s): reporting %d simulated GPUs (discovery.simulated_gpus)",
+                 why, config.simulated_gpus)
+    return GpuReading(simulated_gpus(node_id, config.simulated_gpus), GpuSource.SIMULATED)
+
+
+def _read_real(
+    config: DiscoveryConfig,
+    *,
+    nvml: Any | None,
+    search_path: str | None,
+    pci_root: str,
+) -> GpuReading:
     if config.skip_gpus:
         return GpuReading(source=GpuSource.SKIPPED)
     notes: list[str] = []

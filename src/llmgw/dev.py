@@ -1,0 +1,459 @@
+"""`llmgw dev`: server, one agent and the router in one process, like `nomad agent -dev`.
+
+Keys, configs and state live in a scratch folder (removed on exit) or `--state-dir` (kept
+and reused). CURVE is on as always: dev makes its own keys. The agent reports simulated
+GPUs unless `--real-gpus` finds real ones, and the demo deployment runs the simulated
+engine. Unlike the real agent, whose engines outlive it, dev stops its engines before it
+exits: Ctrl-C (or SIGTERM) stops the engines through the supervisor, then everything
+else; a second Ctrl-C forces it, and whatever engine is still alive then is killed by pid.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import trio
+import yaml
+from attrs import frozen
+
+from llmgw.agent.procs import REPLICA_ENV, try_reap
+from llmgw.agent.run import Agent
+from llmgw.config.agent import AgentConfig
+from llmgw.config.load_agent import load_agent_config
+from llmgw.config.load_router import load_router_config
+from llmgw.config.load_server import load_server_config
+from llmgw.errors import LlmgwError, UsageError
+from llmgw.model.inventory import GpuSource
+from llmgw.router.service import serve_router
+from llmgw.server.service import serve_server
+from llmgw.transport import keys
+from llmgw.transport.client import request
+from llmgw.transport.messages import DesiredSet
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+NODE_ID = "dev-node"
+ADMIN = "dev-admin"
+ROUTER = "dev-router"
+# A copy of conf/deployments/demo.yaml (conf/ is not part of the installed package).
+DEMO: dict[str, Any] = {
+    "name": "demo",
+    "model": "llmgw/sim-tiny",
+    "engine": "simulated",
+    "gpus_per_node": 1,
+    "replicas": 2,
+    "startup_timeout": "1m",
+}
+READY_TIMEOUT = 120.0  # how long to wait for the demo before saying it is late
+ENGINE_STOP_TIMEOUT = 10.0  # SIGTERM -> SIGKILL for engines in dev
+SETTLE = 0.5  # seconds between the engines' stop and the server's
+# Engines inherit this (with the dev folder) so that leftovers can be found by pid.
+DEV_ROOT_ENV = "LLMGW_DEV_ROOT"
+
+
+@frozen
+class DevOptions:
+    state_dir: str | None = None
+    demo: bool = True
+    port_base: int = 20000
+    router_port: int = 8080
+    real_gpus: bool = False
+    simulated_gpus: int = 2
+
+
+@frozen
+class DevFiles:
+    root: Path
+    keys_dir: Path
+    server_toml: Path
+    agent_yaml: Path
+    router_toml: Path
+    server_address: str
+
+    @property
+    def admin_key(self) -> Path:
+        return self.keys_dir / f"{ADMIN}.key_secret"
+
+    @property
+    def server_key(self) -> Path:
+        return self.keys_dir / "server.key"
+
+    def ctl_line(self, *args: str) -> str:
+        return shlex.join(["llmgw", "ctl", "--server", self.server_address, "--key",
+                           str(self.admin_key), "--server-key", str(self.server_key), *args])
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+# ---- ports ----
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listeners do
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_options(opts: DevOptions) -> None:
+    if not 0 <= opts.router_port <= 65535:
+        raise UsageError(f"--router-port {opts.router_port}: a port is 0..65535 (0: any free port)")
+    if not 1024 <= opts.port_base <= 65535 - 999:
+        raise UsageError(f"--port-base {opts.port_base}: engines need 1000 ports from 1024..65535")
+    if opts.simulated_gpus < 0:
+        raise UsageError(f"--simulated-gpus {opts.simulated_gpus}: must be 0 or more")
+    if opts.router_port and not port_is_free(HOST, opts.router_port):
+        raise UsageError(
+            f"port {opts.router_port} on {HOST} is in use (another llmgw dev or router?); "
+            "pick another with --router-port N, or --router-port 0 for any free port"
+        )
+
+
+# ---- the folder: keys and configs ----
+
+
+def make_keys(keys_dir: Path) -> None:
+    """The server's pair and one key per peer; existing keys are reused."""
+    if not (keys_dir / "server.key_secret").exists():
+        keys.init_keys(str(keys_dir))
+    for role, name in (("node", NODE_ID), ("admin", ADMIN), ("router", ROUTER)):
+        if not (keys_dir / f"{name}.key_secret").exists():
+            keys.issue_key(str(keys_dir), role, name)
+
+
+def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
+    keys_dir = root / "keys"
+    make_keys(keys_dir)
+    address = f"tcp://{HOST}:{free_port()}"
+    server = {
+        "bind": address,
+        "keys_dir": str(keys_dir),
+        "state_dir": str(root / "server"),
+        "heartbeat_interval": "1s",
+    }
+    discovery: dict[str, Any] = {
+        "ib_root": str(root / "no-infiniband"),
+        "simulated_gpus": opts.simulated_gpus,
+    }
+    if not opts.real_gpus:
+        # No GPU source answers, so the simulated GPUs stand in even on a GPU machine.
+        discovery.update(prefer_nvml=False, nvidia_smi=str(root / "no-nvidia-smi"))
+    agent = {
+        "node_id": NODE_ID,
+        "server": address,
+        "keys": {"secret_key": str(keys_dir / f"{NODE_ID}.key_secret"),
+                 "server_key": str(keys_dir / "server.key")},
+        "mgmt_addr": HOST,
+        "heartbeat_interval": "1s",
+        "reconnect_base": "200ms",
+        "reconnect_max": "2s",
+        "discovery": discovery,
+        "supervisor": {"work_dir": str(root / "agent"), "stop_timeout": f"{ENGINE_STOP_TIMEOUT:g}s",
+                       "health_interval": "500ms"},
+        "port_range": [opts.port_base, opts.port_base + 999],
+    }
+    router = {
+        "bind": f"{HOST}:{router_port}",
+        "server": address,
+        "table_poll_interval": "500ms",
+        "keys": {"secret_key": str(keys_dir / f"{ROUTER}.key_secret"),
+                 "server_key": str(keys_dir / "server.key")},
+    }
+    files = DevFiles(root, keys_dir, root / "server.toml", root / "agent.yaml", root / "router.toml",
+                     address)
+    files.server_toml.write_text(tomli_w.dumps(server))
+    files.agent_yaml.write_text(yaml.safe_dump(agent, sort_keys=False))
+    files.router_toml.write_text(tomli_w.dumps(router))
+    return files
+
+
+# ---- engines: stopped before dev exits ----
+
+
+class DevAgent(Agent):
+    """The agent, except that its engines are stopped with it (see `stop_engines`)."""
+
+    stopping = False
+
+    async def _on_desired(self, desired: DesiredSet) -> None:
+        if self.stopping:
+            log.debug("stopping: ignored desired set generation %d", desired.generation)
+            return
+        await super()._on_desired(desired)
+
+    async def stop_engines(self, root: Path) -> None:
+        """Ignore the server from now on and stop every engine through the supervisor.
+
+        Returns when the supervisor is done or no engine process of this run is left,
+        whichever comes first (the caller bounds the wait)."""
+        self.stopping = True
+        async with trio.open_nursery() as nursery:
+
+            async def stop_all() -> None:
+                await self.supervisor.apply(())
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_all)
+            while True:
+                await trio.sleep(0.1)
+                if not engine_pids(root):  # a process gone is an engine stopped
+                    break
+            nursery.cancel_scope.cancel()
+
+
+def engine_pids(root: Path) -> list[int]:
+    """Live engine processes (tagged LLMGW_REPLICA_ID) started by the dev run in `root`."""
+    mark = f"{DEV_ROOT_ENV}={root}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone, or not ours to read
+        if state in (b"Z", b"X"):
+            try_reap(int(name))
+            continue
+        if mark in env and any(e.startswith(REPLICA_ENV.encode() + b"=") for e in env):
+            found.append(int(name))
+    return found
+
+
+def kill_leftovers(root: Path, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, engines of this dev run that are still alive. Blocking."""
+    pids = engine_pids(root)
+    if not pids:
+        return
+    log.warning("engines still running: %s; stopping them", pids)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                log.debug("pid %d already gone", pid)
+        deadline = time.monotonic() + grace
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = engine_pids(root)
+        if not pids:
+            return
+    log.error("engines that would not die: %s", pids)
+
+
+# ---- the demo ----
+
+
+async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """A one-off HTTP/1.1 GET; (status, body). (0, b"") when nothing answers in time."""
+    with trio.move_on_after(timeout):
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError:
+            return 0, b""
+        async with stream:
+            await stream.send_all(
+                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        try:
+            return int(head.split(b" ", 2)[1]), body
+        except (IndexError, ValueError):
+            return 0, b""
+    return 0, b""
+
+
+async def wait_for_demo(files: DevFiles, admin: Callable[..., Any], router: tuple[str, int]) -> bool:
+    """Wait until the demo's replicas are ready and the router serves its model."""
+    name, model = DEMO["name"], DEMO["model"]
+    last = ""
+    with trio.move_on_after(READY_TIMEOUT):
+        while True:
+            try:
+                rows = await admin("get", {"what": "deployments"})
+            except LlmgwError as exc:
+                log.debug("get deployments: %s", exc)
+                rows = []
+            row = next((r for r in rows if r.get("name") == name), None)
+            if row is not None:
+                now = f"{name}: {row['ready']}/{row['replicas']} replicas ready ({row['status']})"
+                if now != last:
+                    _say(now)
+                    last = now
+                if row["ready"] >= row["replicas"]:
+                    break
+            await trio.sleep(0.5)
+        while True:
+            status, body = await http_get(router[0], router[1], "/v1/models")
+            if status == 200 and model.encode() in body:
+                return True
+            await trio.sleep(0.2)
+    _say(f"{name} is not ready after {READY_TIMEOUT:g}s; see: "
+         + files.ctl_line("describe", "deployment", name))
+    return False
+
+
+async def bring_up(files: DevFiles, opts: DevOptions, router: tuple[str, int]) -> None:
+    """Apply the demo (unless --no-demo), wait for it, then print how to use it all."""
+
+    async def admin(op: str, params: dict[str, Any]) -> Any:
+        return await request(files.server_address, str(files.admin_key), str(files.server_key),
+                             op, params, 5.0)
+
+    url = f"http://{router[0]}:{router[1]}"
+    if opts.demo:
+        await admin("apply", {"spec": DEMO, "source": "llmgw dev (demo)"})
+        _say(f"applied the demo deployment: {DEMO['replicas']} replicas of {DEMO['model']}")
+        await wait_for_demo(files, admin, router)
+    body = json.dumps({"model": DEMO["model"], "messages": [{"role": "user", "content": "Hello!"}]})
+    lines = [
+        "",
+        "llmgw dev is up.",
+        f"  router: {url}",
+    ]
+    if opts.demo:
+        lines.append(f"  try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'"
+                     f" -d '{body}'")
+    else:
+        lines.append("  deploy: " + files.ctl_line("apply", "-f", "DEPLOYMENT.yaml"))
+    lines += [
+        "  ctl:    " + files.ctl_line("status"),
+        f"  state:  {files.root}"
+        + (" (kept)" if opts.state_dir else " (removed on exit; --state-dir DIR keeps it)"),
+        "Ctrl-C stops everything, engines included.",
+        "",
+    ]
+    _say("\n".join(lines))
+
+
+def _vllm_installed() -> bool:
+    return shutil.which("vllm") is not None or importlib.util.find_spec("vllm") is not None
+
+
+def describe_setup(agent: Agent, opts: DevOptions) -> str:
+    inv = agent.inventory
+    if inv.gpu_source is GpuSource.SIMULATED:
+        why = "this machine has none" if opts.real_gpus else "--real-gpus uses this machine's"
+        gpus = f"{len(inv.gpus)} simulated GPUs ({why})"
+    else:
+        gpus = f"{len(inv.gpus)} GPUs ({inv.gpu_source})"
+    engine = "the simulated engine (python -m llmgw.simengine)"
+    engine += "; vllm is not installed" if not _vllm_installed() else " for the demo"
+    return f"llmgw dev: {gpus} and {engine}"
+
+
+# ---- the run ----
+
+
+async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[int]) -> None:
+    server_cfg = load_server_config(str(files.server_toml))
+    agent_cfg: AgentConfig = load_agent_config(str(files.agent_yaml))
+    router_cfg = load_router_config(str(files.router_toml))
+    stop = trio.Event()
+
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if stop.is_set():
+                    _say(f"{name} again: stopping now")
+                    nursery.cancel_scope.cancel()
+                    return
+                _say(f"{name}: stopping the engines, then everything (again to force)")
+                stop.set()
+
+        nursery.start_soon(watch)
+        bound = await nursery.start(serve_server, server_cfg)
+        log.info("dev server on %s", bound)
+        agent = DevAgent(agent_cfg)
+        await nursery.start(agent.serve)
+        _say(describe_setup(agent, opts))
+
+        async def table(since: int) -> Mapping[str, Any] | None:
+            result = await request(router_cfg.server, router_cfg.keys.secret_key,
+                                   router_cfg.keys.server_key, "endpoints", {"since": since}, 2.0)
+            return result if isinstance(result, Mapping) else None
+
+        try:
+            router = await nursery.start(functools.partial(serve_router, router_cfg, table_source=table))
+        except OSError as exc:
+            raise LlmgwError(f"the router cannot listen on {router_cfg.bind}: {exc}") from None
+        nursery.start_soon(bring_up, files, opts, router)
+        await stop.wait()
+        with trio.move_on_after(ENGINE_STOP_TIMEOUT + 5) as scope:
+            await agent.stop_engines(files.root)
+        if scope.cancelled_caught:
+            log.warning("engines did not stop within %gs", ENGINE_STOP_TIMEOUT + 5)
+        # Let the server record the engines' exits (kept with --state-dir) before it stops.
+        await trio.sleep(SETTLE)
+        nursery.cancel_scope.cancel()
+
+
+def make_root(state_dir: str | None) -> Path:
+    if not state_dir:
+        return Path(tempfile.mkdtemp(prefix="llmgw-dev-"))
+    root = Path(state_dir).resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--state-dir {state_dir}: {exc}") from None
+    return root
+
+
+async def run_dev(opts: DevOptions) -> None:
+    """`llmgw dev` until SIGINT or SIGTERM; returns when everything has stopped."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        check_options(opts)
+        router_port = opts.router_port or free_port()
+        if opts.router_port == 0:
+            _say(f"router port: {router_port} (a free port)")
+        root = make_root(opts.state_dir)
+        before = os.environ.get(DEV_ROOT_ENV)
+        os.environ[DEV_ROOT_ENV] = str(root)  # engines inherit it: leftovers are found by it
+        try:
+            files = write_configs(root, opts, router_port)
+            await _serve_all(opts, files, signals)
+        finally:
+            kill_leftovers(root)  # blocking, and never skipped by a cancellation
+            if before is None:
+                os.environ.pop(DEV_ROOT_ENV, None)
+            else:
+                os.environ[DEV_ROOT_ENV] = before
+            if not opts.state_dir:
+                try:
+                    shutil.rmtree(root)
+                except OSError as exc:
+                    log.warning("could not remove %s: %s", root, exc)
+    _say("llmgw dev: stopped")
