@@ -251,7 +251,6 @@ async def test_agent_sigkilled_at_random_moments(tmp_path: Path, prefix: str) ->
         assert sorted(leaders) == sorted(r.pid for r in records), out.read_text()
         assert sorted((r.spec.replica_id, r.spec.generation) for r in records) == sorted(
             s.key for s in specs)
-        print(out.read_text())
         await sup.apply(())
         assert _tagged(prefix) == []
         nursery.cancel_scope.cancel()

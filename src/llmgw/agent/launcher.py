@@ -1,11 +1,12 @@
 """Runs a multi-process launch plan inside one session: `python -m llmgw.agent.launcher PLAN`.
 
-The supervisor spawns this in a new session; it starts the plan's earlier processes
-(e.g. `ray start --head --block`) as its children, in the same session, then replaces
+The supervisor spawns this in a new session (output already going to engine.log). It
+starts the plan's earlier processes (e.g. `ray start --head --block`) as its children,
+in the same session; when the plan asks, waits until the Ray cluster counts enough alive
+nodes (no deadline of its own: the supervisor's startup timeout bounds it); then replaces
 itself with the main process, so the recorded pid is the engine's own.
 
-PLAN is a JSON file: {"pre": [{"argv": [...], "env": {...}, "cwd": ...}, ...],
-"main": {...}, "pre_delay": seconds}.
+PLAN is the JSON file the supervisor wrote (see llmgw.agent.plans.spawn_plan).
 """
 
 from __future__ import annotations
@@ -15,6 +16,39 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
+
+from llmgw.agent.engines import count_ray_nodes
+
+POLL = 1.0
+
+
+def _say(text: str) -> None:
+    print(f"llmgw launcher: {text}", flush=True)
+
+
+def _ray_nodes(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _say(f"ray status failed: {exc}")
+        return 0
+    return count_ray_nodes(done.stdout)
+
+
+def _wait_ray(plan: dict[str, Any]) -> None:
+    want = int(plan["wait_for_ray_nodes"])
+    argv = list(plan["ray_status_argv"])
+    env = plan["main"]["env"]
+    last = -1
+    while True:
+        have = _ray_nodes(argv, env) if argv else 0
+        if have != last:
+            _say(f"Ray cluster counts {have} of {want} nodes")
+            last = have
+        if have >= want:
+            return
+        time.sleep(POLL)
 
 
 def main(argv: list[str]) -> int:
@@ -23,15 +57,16 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1]) as f:
         plan = json.load(f)
+    children = []  # kept: they live on in the main process once it execs
     for proc in plan["pre"]:
-        print(f"llmgw launcher: starting {' '.join(proc['argv'])}", flush=True)
-        subprocess.Popen(proc["argv"], env=proc["env"], cwd=proc["cwd"] or None)
-    # TODO: wait for the Ray cluster to count its nodes instead of a fixed delay.
-    time.sleep(float(plan.get("pre_delay", 0.0)))
+        _say(f"starting {proc['name']}: {' '.join(proc['argv'])}")
+        children.append(subprocess.Popen(proc["argv"], env=proc["env"], cwd=proc["cwd"] or None))
+    if plan.get("wait_for_ray_nodes"):
+        _wait_ray(plan)
     main_proc = plan["main"]
     if main_proc["cwd"]:
         os.chdir(main_proc["cwd"])
-    print(f"llmgw launcher: exec {' '.join(main_proc['argv'])}", flush=True)
+    _say(f"exec {main_proc['name']}: {' '.join(main_proc['argv'])}")
     os.execvpe(main_proc["argv"][0], main_proc["argv"], main_proc["env"])
 
 

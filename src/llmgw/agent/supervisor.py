@@ -18,9 +18,11 @@ from attrs import define, evolve, field
 from llmgw.agent import procs
 from llmgw.agent.adopt import Adopted, Gone, adopt_records
 from llmgw.agent.converge import Start, Stop, converge
+from llmgw.agent.engine_states import EngineEvent, transition
+from llmgw.agent.engines import LaunchPlan
 from llmgw.agent.health import HealthEvent, http_health, watch_health
 from llmgw.agent.logtail import tail_lines
-from llmgw.agent.plans import Plan, PlanFn, default_plan, spawn_plan
+from llmgw.agent.plans import PlanFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
@@ -33,6 +35,7 @@ class _Engine:
     record: EngineRecord
     health: bool  # False: liveness only (SGLang ranks > 0, headless and Ray members)
     report: EngineReport
+    state: EngineState | None = None  # moved only by engine_states.transition
     stop_reason: str = ""
     failed: str = ""  # why it failed to start, when it did
     stop_requested: trio.Event = field(factory=trio.Event)
@@ -108,7 +111,14 @@ class Supervisor:
 
     # ---- internals ----
 
-    def _emit(self, eng: _Engine, state: EngineState, reason: str, **changes: object) -> None:
+    def _event(self, eng: _Engine, event: EngineEvent, detail: str = "",
+               **changes: object) -> None:
+        """Move `eng` through the lifecycle table; report when its state changed."""
+        state, reason = transition(eng.state, event)
+        eng.state = state
+        if not reason:
+            return  # a no-op pair of the table: nothing to report
+        reason = detail or reason
         eng.report = evolve(eng.report, state=state, reason=reason, **changes)  # type: ignore[arg-type]
         log.info("engine %s gen %d: %s (%s)", eng.spec.replica_id, eng.spec.generation,
                  state, reason)
@@ -139,7 +149,7 @@ class Supervisor:
         procs.rotate_log(log_path, self._sup.log_max_bytes)
         record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts)
         try:
-            plan: Plan = self._plan(spec)
+            plan: LaunchPlan = self._plan(spec)
             # Pending first: an agent killed between spawn and the completed record
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
             write_record(self._sup.work_dir, record)
@@ -153,35 +163,44 @@ class Supervisor:
         except Exception as exc:
             log.exception("engine %s could not be started", rid)
             remove_record(self._sup.work_dir, rid)
-            report = EngineReport(rid, spec.generation, EngineState.EXITED,
+            report = EngineReport(rid, spec.generation, transition(None, EngineEvent.EXITED)[0],
                                   reason=f"could not start: {exc}", restarts=restarts,
                                   log_tail=tail_lines(log_path, self._sup.log_lines))
             self._exited[rid] = report
             self._call(report)
             return
-        eng = _Engine(record=record, health=plan.health,
+        if plan.env_overrides:
+            log.info("engine %s: the deployment's env replaces llmgw's %s", rid,
+                     ", ".join(plan.env_overrides))
+        eng = _Engine(record=record, health=plan.health_checked,
                       report=EngineReport(rid, spec.generation, EngineState.STARTING,
-                                          endpoint=self._endpoint(spec, plan.health),
+                                          endpoint=self._endpoint(spec, plan.health_checked),
                                           pid=pid, restarts=restarts))
         self._engines[rid] = eng
-        self._emit(eng, EngineState.STARTING, "started")
+        self._event(eng, EngineEvent.STARTED, f"started (pid {pid})")
         nursery.start_soon(self._run, eng)
 
     def _launch_watch(self, record: EngineRecord, reason: str) -> None:
         nursery = self._nursery_or_raise()
         spec = record.spec
-        health = self._plan(spec).health
+        try:
+            health = self._plan(spec).health_checked
+        except Exception as exc:  # the config changed under a running engine: still adopt
+            log.warning("engine %s: no launch plan (%s); watched for liveness only",
+                        spec.replica_id, exc)
+            health = False
         eng = _Engine(record=record, health=health,
                       report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, health),
                                           pid=record.pid, restarts=record.restarts))
         self._engines[spec.replica_id] = eng
-        self._emit(eng, EngineState.STARTING, reason)
+        self._event(eng, EngineEvent.ADOPTED, reason)
         nursery.start_soon(self._run, eng)
 
     def _report_gone(self, gone: Gone) -> None:
         rec = gone.record
-        report = EngineReport(rec.spec.replica_id, rec.spec.generation, EngineState.EXITED,
+        state = transition(None, EngineEvent.EXITED)[0]
+        report = EngineReport(rec.spec.replica_id, rec.spec.generation, state,
                               pid=rec.pid, reason=gone.reason, restarts=rec.restarts,
                               log_tail=tail_lines(rec.log_path, self._sup.log_lines))
         self._exited[rec.spec.replica_id] = report
@@ -197,6 +216,15 @@ class Supervisor:
         await eng.done.wait()
 
     async def _run(self, eng: _Engine) -> None:
+        try:
+            await self._watch(eng)
+        except Exception:  # a bug here must not take down the other engines
+            log.exception("engine %s: watcher failed; engine left running, unwatched",
+                          eng.spec.replica_id)
+            self._engines.pop(eng.spec.replica_id, None)
+            eng.done.set()
+
+    async def _watch(self, eng: _Engine) -> None:
         rec = eng.record
         killed = False
         health_scope = trio.CancelScope()
@@ -210,14 +238,14 @@ class Supervisor:
                 nonlocal killed
                 await eng.stop_requested.wait()
                 health_scope.cancel()
-                self._emit(eng, EngineState.STOPPING, eng.stop_reason)
+                self._event(eng, EngineEvent.STOP_REQUESTED, eng.stop_reason)
                 killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
 
             nursery.start_soon(stopper)
             if eng.health:
                 nursery.start_soon(health)
             else:
-                self._emit(eng, EngineState.READY, "running (watched for liveness only)")
+                self._event(eng, EngineEvent.HEALTH_OK, "running (watched for liveness only)")
             code = await procs.wait_exit(rec.pid, rec.start_time)
             health_scope.cancel()
             if not eng.stop_requested.is_set():
@@ -238,7 +266,7 @@ class Supervisor:
         tail = tail_lines(rec.log_path, self._sup.log_lines)
         del self._engines[rec.spec.replica_id]
         remove_record(self._sup.work_dir, rec.spec.replica_id)
-        self._emit(eng, EngineState.EXITED, reason, exit_code=code, log_tail=tail)
+        self._event(eng, EngineEvent.EXITED, reason, exit_code=code, log_tail=tail)
         if not eng.stop_requested.is_set() or eng.failed:
             self._exited[rec.spec.replica_id] = eng.report
         eng.done.set()
@@ -251,12 +279,12 @@ class Supervisor:
 
         def on_event(event: HealthEvent) -> None:
             if event is HealthEvent.READY:
-                self._emit(eng, EngineState.READY, "health check answered 200")
+                self._event(eng, EngineEvent.HEALTH_OK, "health check answered 200")
             elif event is HealthEvent.UNHEALTHY:
-                self._emit(eng, EngineState.UNHEALTHY, "three health checks failed in a row")
+                self._event(eng, EngineEvent.HEALTH_FAIL, "three health checks failed in a row")
             else:
                 eng.failed = f"not ready within {eng.spec.startup_timeout:g}s"
-                self._emit(eng, EngineState.FAILED, eng.failed)
+                self._event(eng, EngineEvent.STARTUP_TIMEOUT, eng.failed)
                 eng.stop_reason = "failed to start in time"
                 eng.stop_requested.set()
 
