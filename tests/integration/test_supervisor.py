@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 import trio
+from attrs import evolve
 from cattrs.preconf.json import make_converter
 
 from llmgw.agent import procs
+from llmgw.agent.engines import LaunchPlan, ProcessPlan
 from llmgw.agent.records import EngineRecord, read_records, write_record
 from llmgw.agent.supervisor import Supervisor
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState
@@ -98,9 +100,9 @@ class Reports:
     async def wait(self, rid: str, state: EngineState, timeout: float = 15) -> EngineReport:
         with trio.fail_after(timeout):
             while True:
-                r = self.last(rid)
-                if r is not None and r.state is state:
-                    return r
+                for r in reversed(self.seen):
+                    if r.replica_id == rid and r.state is state:
+                        return r
                 await trio.sleep(0.05)
 
 
@@ -253,4 +255,47 @@ async def test_agent_sigkilled_at_random_moments(tmp_path: Path, prefix: str) ->
             s.key for s in specs)
         await sup.apply(())
         assert _tagged(prefix) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_not_ready_in_time_is_failed_then_stopped(tmp_path: Path, prefix: str) -> None:
+    reports = Reports()
+    sup = Supervisor(config(str(tmp_path), stop_timeout=1.0), reports)
+    s = evolve(spec(f"{prefix}slow", free_port(), LLMGW_SIM_LOAD_SECONDS="30"), startup_timeout=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.serve)
+        await sup.apply((s,))
+        await reports.wait(s.replica_id, EngineState.FAILED, timeout=10)
+        r = await reports.wait(s.replica_id, EngineState.EXITED, timeout=10)
+        assert "not ready within 1s" in r.reason
+        assert [x.state for x in reports.seen] == [
+            EngineState.STARTING, EngineState.FAILED, EngineState.STOPPING, EngineState.EXITED]
+        assert [x.state for x in sup.reports()] == [EngineState.EXITED]
+        assert _tagged(prefix) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_multi_process_plan_shares_one_session(tmp_path: Path, prefix: str) -> None:
+    """A plan with an earlier process (like a Ray head) and a liveness-only main process."""
+    sleeper = ProcessPlan("helper", ("sleep", "60"))
+    main = ProcessPlan("engine", ("sleep", "61"))
+
+    def plan(s: EngineSpec) -> LaunchPlan:
+        return LaunchPlan((sleeper, main), health_checked=False)
+
+    reports = Reports()
+    sup = Supervisor(config(str(tmp_path)), reports, plan=plan)
+    s = spec(f"{prefix}gang", free_port())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.serve)
+        await sup.apply((s,))
+        r = await reports.wait(s.replica_id, EngineState.READY)
+        assert r.endpoint == ""
+        with trio.fail_after(5):
+            while len(procs.session_pids(r.pid)) < 2:
+                await trio.sleep(0.02)
+        members = procs.session_pids(r.pid)
+        assert sorted(_tagged(prefix)) == sorted(members)
+        await sup.apply(())
+        assert procs.session_pids(r.pid) == []
         nursery.cancel_scope.cancel()
