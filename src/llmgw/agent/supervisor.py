@@ -275,7 +275,8 @@ class Supervisor:
         host, port = self._config.mgmt_addr, eng.spec.port
 
         async def probe() -> bool:
-            return await http_health(host, port, timeout=max(0.5, self._sup.health_interval))
+            timeout = min(5.0, max(0.5, self._sup.health_interval))
+            return await http_health(host, port, timeout=timeout)
 
         def on_event(event: HealthEvent) -> None:
             if event is HealthEvent.READY:
