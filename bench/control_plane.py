@@ -39,6 +39,20 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name: the Python (trio) thread vs libzmq's I/O threads."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        key = "python" if tid == str(pid) else ("zmq-io" if name.startswith("ZMQbg") else "other")
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -157,8 +171,18 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
                     stdout=subprocess.PIPE))
             time.sleep(warmup)
             cpu0 = _cpu_seconds(server.pid)
+            threads0 = _thread_cpu(server.pid)
+            profiler = None
+            if os.environ.get("LLMGW_BENCH_PROFILE"):
+                profiler = subprocess.Popen(["py-spy", "record", "-p", str(server.pid), "-d",
+                                             str(int(window)), "-f", "raw", "-o",
+                                             os.environ["LLMGW_BENCH_PROFILE"]],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(window)
             cpu1 = _cpu_seconds(server.pid)
+            threads1 = _thread_cpu(server.pid)
+            if profiler is not None:
+                profiler.wait(60)
             rss = _rss_bytes(server.pid)
             results = [json.loads(w.communicate()[0]) for w in workers]
         finally:
@@ -174,6 +198,7 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
         "heartbeats": acks,
         "cpu_per_heartbeat_ms": (cpu1 - cpu0) / max(acks, 1) * 1000,
         "server_core_share": (cpu1 - cpu0) / window,
+        "python_share": (threads1.get("python", 0) - threads0.get("python", 0)) / max(cpu1 - cpu0, 1e-9),
         "rss_per_node_kib": (rss - rss_idle) / max(welcomed, 1) / 1024,
         "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
         "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan"),
@@ -196,12 +221,12 @@ def main() -> None:
         worker_main(args)
         return
     _raise_fd_limit()
-    print(f"{'nodes':>7} {'ready':>7} {'heartbeats':>10} {'CPU/hb':>9} {'core':>6} {'RSS/node':>9} "
-          f"{'p50':>8} {'p99':>8}")
+    print(f"{'nodes':>7} {'ready':>7} {'heartbeats':>10} {'CPU/hb':>9} {'core':>6} {'python':>7} "
+          f"{'RSS/node':>9} {'p50':>8} {'p99':>8}")
     for n in args.nodes or [1000, 10000]:
         r = run(n, args.interval, args.window, args.per_worker)
         print(f"{r['nodes']:>7} {r['welcomed']:>7} {r['heartbeats']:>10} "
-              f"{r['cpu_per_heartbeat_ms']:>7.3f}ms {r['server_core_share']:>5.0%} "
+              f"{r['cpu_per_heartbeat_ms']:>7.3f}ms {r['server_core_share']:>5.0%} {r['python_share']:>6.0%} "
               f"{r['rss_per_node_kib']:>6.1f}KiB {r['p50_ms']:>6.2f}ms {r['p99_ms']:>6.2f}ms",
               flush=True)
 

@@ -111,6 +111,7 @@ async def serve_server(
     orchestrator = Orchestrator(cp, store, config, clock())
 
     ctx = zmq.Context()
+    transport: ServerTransport | None = None
     try:
         async with trio.open_nursery() as nursery:
             # The ZAP handler must answer before the ROUTER binds: without one, libzmq
@@ -134,21 +135,21 @@ async def serve_server(
                 sock.close(linger=0)
                 raise LlmgwError(f"cannot bind {config.bind}: {exc}") from None
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-            transport = ServerTransport(TrioSocket(sock))
-            try:
-                await nursery.start(orchestrator.serve, transport.send_all, clock)
-                nursery.start_soon(_sighup, watcher, cp, transport.send_all)
-                log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
-                task_status.started(bound)
+            transport = t = ServerTransport(TrioSocket(sock))
+            await nursery.start(orchestrator.serve, t.send_all, clock)
+            nursery.start_soon(_sighup, watcher, cp, t.send_all)
+            log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
+            task_status.started(bound)
 
-                def on_tick() -> None:
-                    if watcher.reload_if_changed():
-                        _apply_keys(cp, watcher, transport.send_all)
+            def on_tick() -> None:
+                if watcher.reload_if_changed():
+                    _apply_keys(cp, watcher, t.send_all)
 
-                await run_plane(cp, transport, on_tick=on_tick)
-            finally:
-                transport.sock.close()
+            await run_plane(cp, t, on_tick=on_tick)
     finally:
+        # Only once every task that might send has finished.
+        if transport is not None:
+            transport.sock.close()
         ctx.term()
         store.close()
 

@@ -102,7 +102,10 @@ class TrioSocket:
 
     def try_send_multipart(self, parts: list[bytes]) -> bool:
         """Send now or not at all. For a ROUTER, whose POLLOUT says nothing about one peer:
-        a peer at its high-water mark, or gone, loses this message (the caller logs it)."""
+        a peer at its high-water mark, or gone, loses this message (the caller logs it).
+        So does any peer once the socket is closed."""
+        if self._closed:
+            return False
         try:
             self.sock.send_multipart(parts, zmq.NOBLOCK)
         except zmq.Again:
