@@ -76,7 +76,7 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
     from llmgw.transport.messages import Heartbeat, HeartbeatAck, Hello, Welcome
 
     ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
-    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    ctx.set(zmq.MAX_SOCKETS, 65536)  # the default, 1023, is below one worker's share
     server_public = load_public(server_key)
     latencies: list[float] = []
     acks = 0
@@ -110,9 +110,11 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
                     acks += 1
                 await trio.sleep(max(0.0, interval - (now - sent)))
 
-    async with trio.open_nursery() as nursery:
-        for s in secrets:
-            nursery.start_soon(agent, s)
+    # Bounded: a worker never outlives its run, even if the server went away.
+    with trio.move_on_after(warmup + window + interval + 30):
+        async with trio.open_nursery() as nursery:
+            for s in secrets:
+                nursery.start_soon(agent, s)
     ctx.destroy(linger=0)
     return {"latencies": latencies, "acks": acks, "welcomed": welcomed}
 
@@ -174,7 +176,7 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
             threads0 = _thread_cpu(server.pid)
             profiler = None
             if os.environ.get("LLMGW_BENCH_PROFILE"):
-                profiler = subprocess.Popen(["py-spy", "record", "-p", str(server.pid), "-d",
+                profiler = subprocess.Popen(["py-spy", "record", "-r", "1000", "-p", str(server.pid), "-d",
                                              str(int(window)), "-f", "raw", "-o",
                                              os.environ["LLMGW_BENCH_PROFILE"]],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -35,8 +35,8 @@ class MemNetwork:
         self.connects: list[float] = []
         self._next = 0
 
-    async def recv(self) -> tuple[bytes, str, bytes]:
-        return await self._to_server.receive()
+    async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
+        return [await self._to_server.receive()]
 
     def send_all(self, out: list[Outgoing]) -> None:
         for rid, msg in out:

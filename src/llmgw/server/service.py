@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # Seconds between applications of silence to nodes, and checks of the authorized folder.
 TICK_INTERVAL = 1.0
+BATCH = 256  # messages handled per trip through the scheduler
 
 
 class ServerTransport:
@@ -37,17 +38,23 @@ class ServerTransport:
         self.sock = sock
         self.dropped_sends = 0
 
-    async def recv(self) -> tuple[bytes, str, bytes]:
-        while True:
-            frames = await self.sock.recv_frames()
+    async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
+        """Wait for one message, then take every message already queued (up to BATCH)."""
+        batch: list[tuple[bytes, str, bytes]] = []
+        frames: list[zmq.Frame] | None = await self.sock.recv_frames()
+        while frames is not None:
             if len(frames) != 2:
                 log.warning("dropped a message of %d frames (expected 2)", len(frames))
-                continue
-            try:
-                uid = frames[1].get("User-Id")
-            except zmq.ZMQError:
-                uid = ""
-            return frames[0].bytes, str(uid or ""), frames[1].bytes
+            else:
+                try:
+                    uid = frames[1].get("User-Id")
+                except zmq.ZMQError:
+                    uid = ""
+                batch.append((frames[0].bytes, str(uid or ""), frames[1].bytes))
+            if len(batch) >= BATCH:
+                break
+            frames = self.sock.recv_frames_nowait()
+        return batch
 
     def send_all(self, out: list[Outgoing]) -> None:
         for routing_id, msg in out:
@@ -155,7 +162,7 @@ async def serve_server(
 
 
 class Transport(Protocol):
-    async def recv(self) -> tuple[bytes, str, bytes]: ...
+    async def recv_batch(self) -> list[tuple[bytes, str, bytes]]: ...
     def send_all(self, out: list[Outgoing]) -> None: ...
 
 
@@ -188,11 +195,13 @@ async def run_plane(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
         while True:
-            rid, uid, payload = await transport.recv()
-            transport.send_all(cp.handle(rid, uid, payload, trio.current_time() + cp.clock_offset))
+            batch = await transport.recv_batch()
+            now = trio.current_time() + cp.clock_offset
+            for rid, uid, payload in batch:
+                transport.send_all(cp.handle(rid, uid, payload, now))
             while cp.deferred:
                 nursery.start_soon(finish, *cp.deferred.pop(0))
-            # A flood from one peer must not starve the others or the ticker.
+            # A flood must not starve the ticker or the deferred requests.
             await trio.lowlevel.checkpoint()
 
 
