@@ -139,6 +139,9 @@ async def test_engines_outlive_supervisor_and_are_adopted(tmp_path: Path, prefix
     sup2 = Supervisor(config(str(tmp_path)), second)
     async with trio.open_nursery() as nursery:
         await nursery.start(sup2.serve)
+        # What the next Hello carries: engines that served all along are ready, not starting.
+        assert {r.replica_id: r.state for r in sup2.reports()} == {
+            s.replica_id: EngineState.READY for s in specs}
         await sup2.apply(specs)
         for s in specs:
             r = await second.wait(s.replica_id, EngineState.READY)

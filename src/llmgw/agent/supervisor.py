@@ -29,6 +29,9 @@ from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 
 log = logging.getLogger(__name__)
 
+# Seconds an agent start waits for adopted engines' first health check before Hello.
+ADOPTION_HEALTH_WAIT = 2.0
+
 
 @define(eq=False)
 class _Engine:
@@ -40,6 +43,7 @@ class _Engine:
     failed: str = ""  # why it failed to start, when it did
     stop_requested: trio.Event = field(factory=trio.Event)
     done: trio.Event = field(factory=trio.Event)
+    settled: trio.Event = field(factory=trio.Event)  # left "starting" (or never will)
 
     @property
     def spec(self) -> EngineSpec:
@@ -77,10 +81,20 @@ class Supervisor:
                         self._launch_watch(item.record, "adopted after agent restart")
                     else:
                         self._report_gone(item)
+                await self._first_health(ADOPTION_HEALTH_WAIT)
                 task_status.started()
                 await trio.sleep_forever()
             finally:
                 self._nursery = None
+
+    async def _first_health(self, bound: float) -> None:
+        """Give adopted engines one health check before anyone asks for reports(): the
+        Hello that follows should say "ready" for an engine that was serving all along,
+        not "starting", which would take it out of the routers' tables for a moment."""
+        with trio.move_on_after(bound):
+            for eng in list(self._engines.values()):
+                if eng.health:
+                    await eng.settled.wait()
 
     def reports(self) -> tuple[EngineReport, ...]:
         live = [e.report for e in self._engines.values()]
@@ -116,6 +130,8 @@ class Supervisor:
         """Move `eng` through the lifecycle table; report when its state changed."""
         state, reason = transition(eng.state, event)
         eng.state = state
+        if state is not EngineState.STARTING:
+            eng.settled.set()
         if not reason:
             return  # a no-op pair of the table: nothing to report
         reason = detail or reason
