@@ -46,3 +46,10 @@ def test_idempotent_after_applying() -> None:
 
 def test_duplicate_replica_keeps_highest_generation() -> None:
     assert converge((spec("a", 1), spec("a", 4)), {}) == (Start(spec("a", 4)),)
+
+
+
+def test_an_engine_that_exited_is_not_restarted_for_the_same_generation() -> None:
+    assert converge((spec("a", 1),), {}, {"a": 1}) == ()
+    # A new generation is the server's way of asking for a restart.
+    assert converge((spec("a", 2),), {}, {"a": 1}) == (Start(spec("a", 2)),)

@@ -30,9 +30,15 @@ Action = Start | Stop
 
 
 def converge(
-    desired: tuple[EngineSpec, ...], running: Mapping[str, int]
+    desired: tuple[EngineSpec, ...],
+    running: Mapping[str, int],
+    exited: Mapping[str, int] | None = None,
 ) -> tuple[Action, ...]:
     """Actions that turn `running` ({replica_id: generation}) into `desired`.
+
+    `exited` ({replica_id: generation}) names engines that ended on their own. One is not
+    started again for the same generation: restarting is the server's decision (with its
+    backoff), and it asks by sending a new generation.
 
     Stops come first (a changed generation is a stop then a start, and a stop frees the
     GPUs and ports the start may need). A replica named twice in `desired` keeps its
@@ -56,6 +62,8 @@ def converge(
             )
     for replica_id in sorted(wanted):
         spec = wanted[replica_id]
-        if running.get(replica_id) != spec.generation:
+        if running.get(replica_id) != spec.generation and (exited or {}).get(
+            replica_id
+        ) != spec.generation:
             starts.append(Start(spec))
     return tuple(stops + starts)

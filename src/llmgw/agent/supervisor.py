@@ -104,7 +104,8 @@ class Supervisor:
         """Converge on `desired`: start what is missing, stop what is not wanted."""
         async with self._lock:
             running = {rid: e.spec.generation for rid, e in self._engines.items()}
-            actions = converge(desired, running)
+            exited = {rid: r.generation for rid, r in self._exited.items()}
+            actions = converge(desired, running, exited)
             wanted = {s.replica_id for s in desired}
             for rid in [r for r in self._exited if r not in wanted]:
                 del self._exited[rid]
