@@ -161,7 +161,7 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
             rss_idle = _rss_bytes(server.pid)
             chunks = [names[i:i + per_worker] for i in range(0, n, per_worker)]
             # Connecting N CURVE clients takes a while on 2 cores: give it time before measuring.
-            warmup = max(10.0, n / 400)
+            warmup = max(10.0, n / 200)
             workers = []
             for i, chunk in enumerate(chunks):
                 sf = root / f"secrets-{i}"
