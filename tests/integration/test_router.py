@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,14 +14,9 @@ import openai
 import pytest
 import trio
 
+from fakes.engines import SimEngineProcess, free_port, vllm_args
 from llmgw.config.router import RouterConfig, RouterKeysConfig
 from llmgw.router import serve_router
-
-try:
-    from fakes.engines import SimEngineProcess, free_port, vllm_args
-except ImportError:  # tests/ not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.engines import SimEngineProcess, free_port, vllm_args
 
 MODEL = "sim"
 

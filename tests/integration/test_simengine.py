@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,11 +14,7 @@ import h11
 import pytest
 import trio
 
-try:
-    from fakes.engines import SimEngineProcess, free_port, vllm_args
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.engines import SimEngineProcess, free_port, vllm_args
+from fakes.engines import SimEngineProcess, free_port, vllm_args
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 

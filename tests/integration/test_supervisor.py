@@ -19,15 +19,13 @@ import trio
 from attrs import evolve
 from cattrs.preconf.json import make_converter
 
+from fakes.engines import free_port
+from fakes.supervisor_proc import config
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchPlan, ProcessPlan
 from llmgw.agent.records import EngineRecord, read_records, write_record
 from llmgw.agent.supervisor import Supervisor
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakes.engines import free_port  # noqa: E402
-from fakes.supervisor_proc import config  # noqa: E402
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 SUPERVISOR_PROC = str(Path(__file__).resolve().parents[1] / "fakes" / "supervisor_proc.py")

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from attrs import evolve
 
-try:
-    from fakes import nvidia_smi as fake
-    from fakes.models import hf_cache_model, plain_model
-    from fakes.sysfs import add_hca, ib_tree
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes import nvidia_smi as fake
-    from fakes.models import hf_cache_model, plain_model
-    from fakes.sysfs import add_hca, ib_tree
-
+from fakes import nvidia_smi as fake
+from fakes.models import hf_cache_model, plain_model
+from fakes.sysfs import add_hca, ib_tree
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.config.agent import (
     AgentConfig,

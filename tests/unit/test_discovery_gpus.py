@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-try:
-    from fakes import nvidia_smi as fake
-    from fakes.nvidia_smi import BUSES, FakeNvml
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes import nvidia_smi as fake
-    from fakes.nvidia_smi import BUSES, FakeNvml
-
+from fakes import nvidia_smi as fake
+from fakes.nvidia_smi import BUSES, FakeNvml
 from llmgw.agent.discovery.gpus import numa_from_sysfs, read_gpus
 from llmgw.config.agent import DiscoveryConfig
 from llmgw.model.inventory import GpuSource

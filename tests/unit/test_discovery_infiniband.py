@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-try:
-    from fakes.sysfs import add_hca, ib_tree
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.sysfs import add_hca, ib_tree
-
+from fakes.sysfs import add_hca, ib_tree
 from llmgw.agent.discovery.infiniband import (
     assess_fabrics,
     parse_rate,

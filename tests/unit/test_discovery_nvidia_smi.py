@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-try:
-    from fakes import nvidia_smi as fake
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes import nvidia_smi as fake
-
+from fakes import nvidia_smi as fake
 from llmgw.agent.discovery.nvidia_smi import (
     QUERY_ARGS,
     GpuOutputError,

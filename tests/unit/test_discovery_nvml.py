@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-try:
-    from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
-
+from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
 from llmgw.agent.discovery.nvidia_smi import GpuOutputError
 from llmgw.agent.discovery.nvml import read_nvml
 

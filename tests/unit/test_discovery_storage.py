@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-try:
-    from fakes.models import hf_cache_model, plain_model
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.models import hf_cache_model, plain_model
-
+from fakes.models import hf_cache_model, plain_model
 from llmgw.agent.discovery.mountinfo import parse_mountinfo
 from llmgw.agent.discovery.storage import scan_dir, scan_storage
 from llmgw.config.agent import ModelDirConfig

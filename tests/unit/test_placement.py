@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-try:
-    from fakes.cluster import cluster, node
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.cluster import cluster, node
-
+from fakes.cluster import cluster, node
 from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import FabricState

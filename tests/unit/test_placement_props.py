@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 from attrs import evolve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-try:
-    from fakes.cluster import node
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.cluster import node
-
+from fakes.cluster import node
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import FabricState, StorageReport

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-
-try:
-    from fakes.cluster import cluster, node
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.cluster import cluster, node
 
 from attrs import evolve
 
+from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.node import NodeState

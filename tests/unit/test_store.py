@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 
-try:
-    from fakes.cluster import cluster, node
-except ImportError:  # tests/ not on sys.path (no pytest `pythonpath` setting)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from fakes.cluster import cluster, node
-
+from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import FabricState
