@@ -3,24 +3,12 @@ shared store seen by both, and ctl status showing what each fabric can serve."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from fakes.live import Cluster, wait_for
 from fakes.models import plain_model
 from fakes.nvidia_smi import nvlink_board, pcie_box
 from fakes.sysfs import add_hca
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_two_agents_one_shared_store_counted_once(cluster: Cluster, tmp_path: Path) -> None:

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fakes.live import Cluster, run_cli, wait_for
 from llmgw.transport import keys
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def test_agent_reaches_ready_and_ctl_shows_it(cluster: Cluster) -> None:
