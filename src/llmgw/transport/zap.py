@@ -56,6 +56,8 @@ async def serve_zap(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     with TrioSocket(ctx.socket(zmq.REP)) as sock:
+        # inproc, fed by libzmq alone; bounded all the same, like every server-side socket.
+        sock.sock.setsockopt(zmq.MAXMSGSIZE, 4096)
         sock.sock.bind(ZAP_ENDPOINT)
         task_status.started()
         while True:
