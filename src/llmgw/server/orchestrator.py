@@ -160,13 +160,16 @@ class Orchestrator:
             await self._dirty.wait()
             self._dirty = trio.Event()
             nodes, self._pending_nodes = self._pending_nodes, {}
-            for node in nodes.values():
-                await trio.to_thread.run_sync(self.store.put_node, node.info, node.inventory,
-                                              node.last_seen)
+            if nodes:
+                rows = [(n.info, n.inventory, n.last_seen) for n in nodes.values()]
+                await trio.to_thread.run_sync(self.store.put_nodes, rows)
+            before = (self.replicas, self.floor)
             out, events = self.run_pass(clock())
-            # Persist before telling anyone: what a node is asked to run survives a crash.
-            await trio.to_thread.run_sync(functools.partial(
-                self.store.save_replicas, self.replicas, events=events, generation_floor=self.floor))
+            if events or (self.replicas, self.floor) != before:
+                # Persist before telling anyone: what a node is asked to run survives a crash.
+                await trio.to_thread.run_sync(functools.partial(
+                    self.store.save_replicas, self.replicas, events=events,
+                    generation_floor=self.floor))
             send(out)
             # Coalesce bursts (fifty engines reporting ready) into one pass.
             await trio.sleep(0.05)

@@ -219,13 +219,19 @@ class Store:
 
     def put_node(self, info: NodeInfo, inventory: Inventory, last_seen: float) -> None:
         """Record a node's info and inventory; keeps its cordon and drain flags."""
-        i, inv = _dump(info, NodeInfo), _dump(inventory, Inventory)
+        self.put_nodes([(info, inventory, last_seen)])
+
+    def put_nodes(self, nodes: Iterable[tuple[NodeInfo, Inventory, float]]) -> None:
+        """put_node for many, in one transaction: ten thousand agents saying Hello after a
+        server restart must not cost ten thousand fsyncs."""
+        rows = [(info.node_id, _dump(info, NodeInfo), _dump(inv, Inventory), seen)
+                for info, inv, seen in nodes]
         self._tx(
-            lambda db: db.execute(
+            lambda db: db.executemany(
                 "INSERT INTO nodes (id, info, inventory, last_seen) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(id) DO UPDATE SET info = excluded.info, "
                 "inventory = excluded.inventory, last_seen = excluded.last_seen",
-                (info.node_id, i, inv, last_seen),
+                rows,
             )
         )
 
