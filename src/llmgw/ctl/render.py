@@ -60,6 +60,7 @@ def render_status(st: dict[str, Any]) -> str:
     if fabrics is not None:
         out.append("")
         out.append(f"FABRICS ({len(fabrics)})")
+    if fabrics:
         frows = []
         for f in fabrics:
             models = []
@@ -72,9 +73,9 @@ def render_status(st: dict[str, Any]) -> str:
             frows.append([f["name"], len(f.get("nodes", [])), f.get("gpus", 0),
                           "; ".join(models) or "no models"])
         out.append(table(["FABRIC", "NODES", "GPUS", "CAN SERVE"], frows))
-        islands = st.get("islands") or []
-        if islands:
-            out.append(f"islands (no fabric, single-node replicas only): {', '.join(islands)}")
+    islands = st.get("islands") or []
+    if islands:
+        out.append(f"islands (no fabric, single-node replicas only): {', '.join(islands)}")
     for section in ("deployments", "replicas"):
         items = st.get(section)
         if items is None:
