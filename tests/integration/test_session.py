@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -131,3 +132,30 @@ def test_ctl_settings_missing_is_a_usage_error(tmp_path: Path) -> None:
 def test_wait_for_helper_times_out() -> None:
     with pytest.raises(AssertionError, match="waiting for nothing"):
         wait_for(lambda: False, 0.2, "nothing")
+
+
+def test_applied_deployment_survives_sigkill_of_the_server(cluster: Cluster, tmp_path: Path) -> None:
+    server = cluster.start_server()
+    f = tmp_path / "d.yaml"
+    f.write_text("name: keep\nmodel: org/m\nengine: simulated\ngpus_per_node: 1\nreplicas: 3\n")
+    r = cluster.ctl("apply", "-f", str(f))
+    assert r.returncode == 0 and "created" in r.stdout
+    server.stop(signal.SIGKILL)  # the moment ctl was told it succeeded
+    cluster.procs.remove(server)
+    cluster.start_server()
+    got = cluster.ctl("get", "deployments", "-o", "json")
+    assert got.returncode == 0, got.stderr
+    (d,) = json.loads(got.stdout)
+    assert (d["name"], d["replicas"]) == ("keep", 3)
+    # Nothing fits (no nodes), and that is said, not refused.
+    assert d["status"].startswith("unschedulable: ")
+
+
+def test_bad_deployment_file_is_refused_before_sending(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.start_server()
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: bad\nmodel: org/m\nengine: warp\ngpus_per_node: 0\nreplicas: 1\n")
+    r = cluster.ctl("apply", "-f", str(f))
+    assert r.returncode == 2
+    assert str(f) in r.stderr and "Traceback" not in r.stderr
+    assert json.loads(cluster.ctl("get", "deployments", "-o", "json").stdout) == []
