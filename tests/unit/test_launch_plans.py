@@ -6,6 +6,7 @@ import attrs
 import pytest
 
 from llmgw.agent.engines import RAY_PORT_BLOCK_SIZE, build_plan, count_ray_nodes, env_overrides
+from llmgw.agent.engines.ray import without_client_server_port
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, VllmConfig
 from llmgw.errors import ConfigError, EngineError
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
@@ -136,7 +137,7 @@ def test_vllm_ray_head() -> None:
         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
         "--distributed-executor-backend", "ray", "--max-model-len", "8192",
     )  # fmt: skip
-    assert head.env == MULTI_ENV
+    assert head.env == {**MULTI_ENV, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     assert serve.env == {**MULTI_ENV, "RAY_ADDRESS": "10.0.0.1:26379"}
     assert plan.wait_for_ray_nodes == 2 and plan.ray_address == "10.0.0.1:26379"
     assert plan.ray_status_argv == ("/opt/vllm/bin/ray", "status", "--address=10.0.0.1:26379")
@@ -152,8 +153,44 @@ def test_vllm_ray_worker() -> None:
         "--node-ip-address=10.0.0.2", "--num-gpus=2", f"--temp-dir={CWD}/ray",
         *_ray_ports(head=False), "--disable-usage-stats", "--block",
     )  # fmt: skip
-    assert worker.env == MULTI_ENV and worker.cwd == CWD
+    assert worker.env == {**MULTI_ENV, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"} and worker.cwd == CWD
     assert not plan.health_checked and plan.wait_for_ray_nodes == 0
+
+
+def _temp_dir(argv: tuple[str, ...]) -> str:
+    (arg,) = [a for a in argv if a.startswith("--temp-dir=")]
+    return arg.split("=", 1)[1]
+
+
+def test_vllm_ray_temp_dir_short_enough_for_unix_sockets() -> None:
+    # Ray's sockets live at <temp>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store,
+    # at most 107 bytes: a long work dir or replica id gets a short temp dir of its own.
+    long_id = "llama-3-70b-instruct-0"
+    plans = [build_plan(spec(rank=r, replica_id=long_id), config("ray"), WORK) for r in (0, 1)]
+    dirs = [_temp_dir(p.processes[0].argv) for p in plans]
+    assert dirs[0] == dirs[1]  # same work dir and replica: the same dir
+    assert dirs[0].startswith("/tmp/llmgw-ray-") and len(dirs[0]) <= 40
+    worst = f"{dirs[0]}/session_2026-12-02_11-56-18_263880_4194304/sockets/plasma_store.1"
+    assert len(worst) <= 107
+    other = build_plan(spec(rank=0, replica_id=long_id), config("ray"), "/srv/llmgw-agent-other")
+    assert _temp_dir(other.processes[0].argv) != dirs[0]
+    # A short one stays in the engine's own folder.
+    assert _temp_dir(build_plan(spec(rank=0), config("ray"), WORK).processes[0].argv) == f"{CWD}/ray"
+
+
+def test_vllm_ray_drain_timeout_deployment_wins() -> None:
+    s = spec(rank=1)
+    s = attrs.evolve(s, env={**s.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"})
+    (worker,) = build_plan(s, config("ray"), WORK).processes
+    assert worker.env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "5"
+
+
+def test_without_client_server_port() -> None:
+    head = build_plan(spec(rank=0), config("ray"), WORK).processes[0].argv
+    bare = without_client_server_port(head)
+    assert "--ray-client-server-port=27006" in head
+    assert bare == tuple(a for a in head if a != "--ray-client-server-port=27006")
+    assert without_client_server_port(bare) == bare
 
 
 def test_vllm_ray_needs_ports() -> None:
@@ -287,6 +324,39 @@ Resources
 Usage:
  0.0/4.0 GPU
 """
+
+
+# `ray status` of Ray 2.60.0, from a real two-node cluster on loopback (tests/integration/test_ray.py).
+RAY_STATUS_2_60 = """\
+======== Autoscaler status: 2026-12-02 11:58:16.825604 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_06ad0cf8a6142ce7861fc46783ef11dbc4850436b197033f16a45690
+ 1 node_7b9dcbe90c5a5bae990e668103955c165922ac5beda8ea76cd9d86c5
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/4.0 CPU
+ 0B/32.28GiB memory
+ 0B/13.83GiB object_store_memory
+
+From request_resources:
+ (none)
+Pending Demands:
+ (no resource demands)
+"""
+
+
+def test_count_ray_nodes_real_output() -> None:
+    assert count_ray_nodes(RAY_STATUS_2_60) == 2
+    one = "\n".join(line for line in RAY_STATUS_2_60.splitlines() if "node_7b9d" not in line)
+    assert count_ray_nodes(one) == 1
 
 
 def test_count_ray_nodes() -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from typing import Any
 
 from llmgw.agent.engines import count_ray_nodes
+from llmgw.agent.engines.ray import CLIENT_SERVER_FLAG, without_client_server_port
 
 POLL = 1.0
 
@@ -34,6 +36,44 @@ def _ray_nodes(argv: list[str], env: dict[str, str]) -> int:
         _say(f"ray status failed: {exc}")
         return 0
     return count_ray_nodes(done.stdout)
+
+
+def _interpreter(script: str) -> list[str]:
+    """The Python that runs the console script `script` (from its #! line), or []."""
+    path = shutil.which(script)
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1024)
+    except OSError:
+        return []
+    if not first.startswith(b"#!"):
+        return []
+    words = first[2:].decode(errors="replace").split()
+    if words and "python" in os.path.basename(words[-1]):
+        return words
+    return []
+
+
+def _ray_has_client(ray_bin: str, env: dict[str, str]) -> bool:
+    """Whether `ray_bin`'s Python can import grpc (ray[client]); True when unsure."""
+    python = _interpreter(ray_bin)
+    if not python:
+        return True
+    try:
+        done = subprocess.run([*python, "-c", "import grpc"], env=env, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return done.returncode == 0
+
+
+def _ray_start_argv(argv: list[str], env: dict[str, str]) -> list[str]:
+    if any(a.startswith(CLIENT_SERVER_FLAG) for a in argv) and not _ray_has_client(argv[0], env):
+        _say(f"{argv[0]} has no ray[client] (grpcio): no Ray Client server runs, so the head "
+             f"starts without {CLIENT_SERVER_FLAG.rstrip('=')}")  # fmt: skip
+        return list(without_client_server_port(tuple(argv)))
+    return argv
 
 
 def _wait_ray(plan: dict[str, Any]) -> None:
@@ -59,8 +99,9 @@ def main(argv: list[str]) -> int:
         plan = json.load(f)
     children = []  # kept: they live on in the main process once it execs
     for proc in plan["pre"]:
-        _say(f"starting {proc['name']}: {' '.join(proc['argv'])}")
-        children.append(subprocess.Popen(proc["argv"], env=proc["env"], cwd=proc["cwd"] or None))
+        pre_argv = _ray_start_argv(list(proc["argv"]), proc["env"])
+        _say(f"starting {proc['name']}: {' '.join(pre_argv)}")
+        children.append(subprocess.Popen(pre_argv, env=proc["env"], cwd=proc["cwd"] or None))
     if plan.get("wait_for_ray_nodes"):
         _wait_ray(plan)
     main_proc = plan["main"]

@@ -2,14 +2,18 @@
 
 Several replicas' Ray clusters may share a node, so every replica's Ray processes get
 their own ports (a block from GangSpec.ray_port_base, laid out below) and their own
-temp dir (<work_dir>/engines/<replica>/ray). `ray stop` is never used: it kills every
+temp dir (<work_dir>/engines/<replica>/ray, or a short one when that path is too long
+for Ray's Unix sockets: see `ray_temp_dir`). `ray stop` is never used: it kills every
 Ray process on the host by name; the supervisor stops by session instead.
 
-Flags checked against Ray 2.x `ray start --help` (2.40-2.50 era).
+Flags checked against `ray start --help` of Ray 2.60.0, and run for real on loopback by
+tests/integration/test_ray.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import re
 
 from llmgw.config.agent import AgentConfig
@@ -29,6 +33,25 @@ WORKERS_FIRST = 16
 # Size of the block placement reserves per replica member (ports base .. base+63): one
 # constant, in the model, shared with placement.
 RAY_PORT_BLOCK_SIZE = RAY_PORT_BLOCK
+
+
+# Ray puts its Unix sockets at <temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/
+# plasma_store (and .../raylet), and refuses to start when such a path passes 107 bytes
+# (AF_UNIX). The session name is up to 42 bytes (a 7-digit pid), "/sockets/plasma_store"
+# 21 more, with room for a ".N" suffix: the temp dir itself gets at most this many bytes.
+RAY_TEMP_DIR_MAX = 40
+# Where a temp dir goes when <engine dir>/ray is too long (Ray's own default is /tmp/ray).
+SHORT_TEMP_ROOT = "/tmp"
+
+
+def ray_temp_dir(engine_dir: str) -> str:
+    """This member's Ray --temp-dir: <engine dir>/ray when it fits in RAY_TEMP_DIR_MAX,
+    else /tmp/llmgw-ray-<hash of the engine dir>, the same for the same engine dir."""
+    wanted = posixpath.join(engine_dir, "ray")
+    if len(wanted.encode()) <= RAY_TEMP_DIR_MAX:
+        return wanted
+    digest = hashlib.sha256(engine_dir.encode()).hexdigest()[:16]
+    return posixpath.join(SHORT_TEMP_ROOT, f"llmgw-ray-{digest}")
 
 
 def ray_address(gang: GangSpec) -> str:
@@ -53,6 +76,24 @@ def _port_flags(base: int, head: bool) -> tuple[str, ...]:
             "--include-dashboard=false",
         ]
     return tuple(flags)
+
+
+# Seconds `ray start --block` drains its node on SIGTERM before tearing down (Ray 2.60
+# default 30); the plan sets 0 for Ray's processes unless the deployment's env says otherwise.
+RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+
+CLIENT_SERVER_FLAG = "--ray-client-server-port="
+
+
+def without_client_server_port(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """`ray start` argv without --ray-client-server-port.
+
+    The flag keeps the head's Ray Client server (default 10001) inside the replica's own
+    block, so two heads on one node do not collide. Ray 2.60 refuses the flag outright
+    ("Ray Client requires pip package `ray[client]`") where grpcio is not installed, and
+    starts no client server there anyway: the launcher drops it in that case.
+    """
+    return tuple(a for a in argv if not a.startswith(CLIENT_SERVER_FLAG))
 
 
 def ray_start_argv(gang: GangSpec, config: AgentConfig, temp_dir: str, num_gpus: int) -> tuple[str, ...]:

@@ -13,10 +13,8 @@ engine `python -m llmgw.simengine`); everything after it is the same.
 
 from __future__ import annotations
 
-import posixpath
-
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
-from llmgw.agent.engines.ray import ray_address, ray_start_argv, ray_status_argv
+from llmgw.agent.engines.ray import RAY_DRAIN_ENV, ray_address, ray_start_argv, ray_status_argv, ray_temp_dir
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import ConfigError, EngineError
 from llmgw.model.engine import EngineSpec, GangSpec
@@ -116,10 +114,13 @@ def _ray_plan(
             f"replica {spec.replica_id}: launch_mode ray needs the gang's ray_port and "
             f"ray_port_base (got {gang.ray_port} and {gang.ray_port_base})"
         )
-    temp_dir = posixpath.join(cwd, "ray")
+    temp_dir = ray_temp_dir(cwd)
     start = ray_start_argv(gang, config, temp_dir, num_gpus=len(spec.gpus))
     name = "ray-head" if gang.rank == 0 else "ray-worker"
-    ray_proc = ProcessPlan(name, start, env, cwd)
+    # Ray >= 2.5x drains a node for 30 s on SIGTERM (for Ray Serve): the supervisor stops
+    # the whole gang, so that wait would only eat stop_timeout and end in SIGKILL.
+    ray_env = {RAY_DRAIN_ENV: "0", **env}
+    ray_proc = ProcessPlan(name, start, ray_env, cwd)
     if gang.rank != 0:
         return LaunchPlan((ray_proc,), health_checked=False, env_overrides=overrides)
     # With its own --temp-dir, `ray.init(address="auto")` cannot find this cluster:
