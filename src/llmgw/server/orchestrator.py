@@ -125,11 +125,15 @@ class Orchestrator:
                 draining=draining, silent_since=self.silent_since.get(n.node_id))
         return views
 
-    def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:
-        reports = {n.node_id: n.engines.values() for n in self.cp.nodes.values()
+    async def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:
+        # Snapshots: the pass runs in a thread (placing at 50,000 nodes indexes the
+        # cluster for about a second) while the loop goes on answering heartbeats and
+        # changing these. Anything that changes meanwhile marks the plan dirty again.
+        reports = {n.node_id: tuple(n.engines.values()) for n in self.cp.nodes.values()
                    if n.state == NodeState.READY}
-        result = reconcile(self.deployments, self.replicas, self.node_views(), reports, now,
-                           self.settings, self.floor)
+        result = await trio.to_thread.run_sync(
+            reconcile, dict(self.deployments), self.replicas, self.node_views(), reports, now,
+            self.settings, self.floor)
         if result.holding != self.holding:
             (log.warning if result.holding else log.info)(
                 "%s", result.holding or "mass-loss guard released")
@@ -164,7 +168,7 @@ class Orchestrator:
                 rows = [(n.info, n.inventory, n.last_seen) for n in nodes.values()]
                 await trio.to_thread.run_sync(self.store.put_nodes, rows)
             before = (self.replicas, self.floor)
-            out, events = self.run_pass(clock())
+            out, events = await self.run_pass(clock())
             if events or (self.replicas, self.floor) != before:
                 # Persist before telling anyone: what a node is asked to run survives a crash.
                 await trio.to_thread.run_sync(functools.partial(
