@@ -1,18 +1,38 @@
-"""The server side of HTTP/1.1: h11 over a trio stream, keep-alive, a body limit.
+"""The server side of HTTP/1.1: a lean request reader over a plain socket, keep-alive,
+a body limit.
 
 One `ClientConn` per accepted connection. `next_request` returns the next request with its
-whole body (bounded by `max_body`; over it raises TooLarge before reading the rest),
-or None when the client is gone or the connection cannot be reused.
+whole body (bounded by `max_body`; over it raises TooLarge before reading the rest), or
+None when the client is gone or the connection cannot be reused. Malformed requests raise
+BadRequest. h11 did this job first; it was a fifth of the router's CPU per request (see
+bench/README.md), so the parser is this small hand-written one, strict where it matters
+for a proxy: one request line `METHOD SP target SP HTTP/1.x`, token header names (no
+whitespace before the colon, no obsolete line folding), no control characters, a single
+Content-Length made of digits, Transfer-Encoding only `chunked` and never together with
+Content-Length. `Expect: 100-continue` is answered before the body is read.
+
+Responses are built here as bytes (status line, headers, `connection: close` when the
+connection will not be reused) and sent with `sockio.send_all`.
 """
 
 from __future__ import annotations
 
+import re
 import socket
+from http import HTTPStatus
 
-import h11
 import trio
 
-RECV = 65536
+from llmgw.router import sockio
+from llmgw.router.sockio import RECV, set_nodelay
+
+__all__ = ["RECV", "BadRequest", "ClientConn", "Request", "TooLarge", "set_nodelay"]
+
+MAX_HEAD = 65536
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+# Control characters other than tab, and CR or LF that are not a CRLF pair.
+_CTL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
+_REASON = {int(s): s.phrase.encode() for s in HTTPStatus}
 
 
 class TooLarge(Exception):
@@ -23,121 +43,211 @@ class BadRequest(Exception):
     pass
 
 
-def set_nodelay(stream: trio.SocketStream) -> None:
-    try:
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:  # not TCP (tests with unix sockets) or already closed
-        pass
-
-
 class Request:
-    __slots__ = ("method", "target", "headers", "body", "keep_alive")
+    __slots__ = ("method", "target", "headers", "body")
 
-    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def __init__(self, method: bytes, target: bytes, headers: dict[bytes, bytes], body: bytes) -> None:
         self.method = method
         self.target = target
-        self.headers = headers
+        self.headers = headers  # lower-case name → value (a repeated header: the last)
         self.body = body
 
     def header(self, name: bytes) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
+        return self.headers.get(name)
 
 
 class ClientConn:
-    __slots__ = ("stream", "h11", "max_body", "pending")
+    __slots__ = ("sock", "buf", "max_body", "idle", "keep_alive", "http10", "responded")
 
-    def __init__(self, stream: trio.SocketStream, max_body: int) -> None:
-        self.stream = stream
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=65536)
+    def __init__(self, sock: socket.socket, max_body: int, idle: float = 60.0) -> None:
+        self.sock = sock
+        self.buf = b""  # received, not yet parsed (the disconnect watcher appends here)
         self.max_body = max_body
-        # Bytes the disconnect watcher read while a response was being relayed.
-        self.pending = b""
+        self.idle = idle
+        self.keep_alive = True
+        self.http10 = False
+        self.responded = False  # a response head went out for the current request
 
-    async def _event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
-        while True:
-            ev = self.h11.next_event()
-            if ev is h11.NEED_DATA:
-                if self.pending:
-                    data, self.pending = self.pending, b""
-                else:
-                    data = await self.stream.receive_some(RECV)
-                self.h11.receive_data(data)
-                if not data and self.h11.their_state is not h11.DONE:
-                    # EOF: h11 turns it into ConnectionClosed or an error next round.
-                    pass
-                continue
-            return ev
+    async def _more(self) -> bytes:
+        """The next bytes from the client; b"" at EOF or after `idle` seconds of nothing."""
+        with trio.move_on_after(self.idle):
+            return await sockio.recv(self.sock)
+        return b""
 
     async def next_request(self) -> Request | None:
-        conn = self.h11
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
-        elif conn.our_state is not h11.IDLE:
+        if not self.keep_alive:
             return None
-        try:
-            ev = await self._event()
-        except h11.RemoteProtocolError as exc:
-            raise BadRequest(str(exc)) from exc
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return None
-        if not isinstance(ev, h11.Request):
-            return None
-        length = None
-        for k, v in ev.headers:
-            if k == b"content-length":
-                length = int(v)
-        if length is not None and length > self.max_body:
-            raise TooLarge()
-        chunks: list[bytes] = []
-        size = 0
-        while True:
+        self.responded = False
+        buf = self.buf
+        if buf[:2] == b"\r\n":
+            buf = buf.lstrip(b"\r\n")  # empty lines before a request are allowed
+        end = buf.find(b"\r\n\r\n")
+        while end < 0:
+            if len(buf) > MAX_HEAD:
+                raise BadRequest("request head too large")
             try:
-                b = await self._event()
-            except h11.RemoteProtocolError as exc:
-                raise BadRequest(str(exc)) from exc
+                data = await self._more()
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return None
-            if isinstance(b, h11.Data):
-                size += len(b.data)
-                if size > self.max_body:
-                    raise TooLarge()
-                chunks.append(bytes(b.data))
-            elif isinstance(b, h11.EndOfMessage):
-                break
-            else:
+            if not data:
                 return None
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return Request(ev.method, ev.target, list(ev.headers), body)
+            buf = (buf + data).lstrip(b"\r\n") if not buf else buf + data
+            end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
+        head = buf[:end]
+        buf = buf[end + 4 :]
+        lines = head.split(b"\r\n")
+        if _CTL.search(head):
+            raise BadRequest("control character in the request head")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1]:
+            raise BadRequest(f"bad request line {lines[0][:80]!r}")
+        method, target, version = parts
+        if version == b"HTTP/1.1":
+            http10 = False
+        elif version == b"HTTP/1.0":
+            http10 = True
+        else:
+            raise BadRequest(f"unsupported HTTP version {version[:20]!r}")
+        headers: dict[bytes, bytes] = {}
+        length = -1
+        chunked = False
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not _TOKEN.fullmatch(name):
+                raise BadRequest(f"bad header line {line[:80]!r}")
+            name = name.lower()
+            value = value.strip(b" \t")
+            if name == b"content-length":
+                if not value.isdigit() or (length >= 0 and int(value) != length):
+                    raise BadRequest(f"bad content-length {value[:40]!r}")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                if value.lower() != b"chunked" or chunked:
+                    raise BadRequest(f"unsupported transfer-encoding {value[:40]!r}")
+                chunked = True
+            headers[name] = value
+        if chunked and length >= 0:
+            raise BadRequest("both content-length and transfer-encoding")
+        conn = headers.get(b"connection")
+        if conn is None:
+            keep_alive = not http10
+        else:
+            tokens = {t.strip() for t in conn.lower().split(b",")}
+            keep_alive = b"close" not in tokens and (not http10 or b"keep-alive" in tokens)
+        self.http10 = http10
+        self.keep_alive = keep_alive
+        if length > 0:
+            if length > self.max_body:
+                self.buf = b""
+                raise TooLarge()
+            if len(buf) < length:
+                await self._continue(headers, http10)
+                parts_: list[bytes] = [buf]
+                have = len(buf)
+                while have < length:
+                    more = await self._more_or_none()
+                    if more is None:
+                        return None
+                    parts_.append(more)
+                    have += len(more)
+                buf = b"".join(parts_)
+            body, buf = buf[:length], buf[length:]
+        elif chunked:
+            await self._continue(headers, http10)
+            got = await self._chunked_body(buf)
+            if got is None:
+                return None
+            body, buf = got
+        else:
+            body = b""
+        self.buf = buf
+        return Request(method, target, headers, body)
 
-    def start_response(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes | None = None
-    ) -> bytes:
-        """The bytes of a response head (and whole body, when given)."""
-        out = self.h11.send(h11.Response(status_code=status, headers=headers)) or b""
-        if body is not None:
-            if body:
-                out += self.h11.send(h11.Data(data=body)) or b""
-            out += self.h11.send(h11.EndOfMessage()) or b""
-        return out
+    async def _more_or_none(self) -> bytes | None:
+        try:
+            data = await self._more()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        return data or None
 
-    def data(self, data: bytes) -> bytes:
-        return self.h11.send(h11.Data(data=data)) or b""
+    async def _continue(self, headers: dict[bytes, bytes], http10: bool) -> None:
+        if not http10 and headers.get(b"expect", b"").lower() == b"100-continue":
+            await sockio.send_all(self.sock, b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def end(self) -> bytes:
-        return self.h11.send(h11.EndOfMessage()) or b""
+    async def _chunked_body(self, buf: bytes) -> tuple[bytes, bytes] | None:
+        out: list[bytes] = []
+        size_total = 0
+        pos = 0
+        while True:
+            nl = buf.find(b"\r\n", pos)
+            while nl < 0:
+                if len(buf) - pos > 1024:
+                    raise BadRequest("chunk size line too long")
+                data = await self._more_or_none()
+                if data is None:
+                    return None
+                buf += data
+                nl = buf.find(b"\r\n", pos)
+            size_s = buf[pos:nl].split(b";", 1)[0].strip()
+            try:
+                size = int(size_s, 16)
+            except ValueError:
+                raise BadRequest(f"bad chunk size {size_s[:40]!r}") from None
+            if size < 0:
+                raise BadRequest("bad chunk size")
+            pos = nl + 2
+            if size == 0:
+                # Trailers (ignored) up to an empty line.
+                while True:
+                    nl = buf.find(b"\r\n", pos)
+                    while nl < 0:
+                        if len(buf) - pos > MAX_HEAD:
+                            raise BadRequest("trailers too large")
+                        data = await self._more_or_none()
+                        if data is None:
+                            return None
+                        buf += data
+                        nl = buf.find(b"\r\n", pos)
+                    line_empty = nl == pos
+                    pos = nl + 2
+                    if line_empty:
+                        return b"".join(out), buf[pos:]
+            size_total += size
+            if size_total > self.max_body:
+                self.buf = b""
+                raise TooLarge()
+            while len(buf) < pos + size + 2:
+                data = await self._more_or_none()
+                if data is None:
+                    return None
+                buf += data
+            if buf[pos + size : pos + size + 2] != b"\r\n":
+                raise BadRequest("chunk data not followed by CRLF")
+            out.append(buf[pos : pos + size])
+            pos += size + 2
+            if pos > RECV:  # keep the buffer from growing with the consumed part
+                buf = buf[pos:]
+                pos = 0
+
+    def head(self, status: int, headers: bytes) -> bytes:
+        """A response head; `headers` are ready-made `name: value\\r\\n` lines."""
+        self.responded = True
+        return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (
+            status,
+            _REASON.get(status, b""),
+            headers,
+            b"" if self.keep_alive else b"connection: close\r\n",
+        )
 
     async def send(self, data: bytes) -> None:
-        await self.stream.send_all(data)
+        await sockio.send_all(self.sock, data)
 
     async def respond(self, status: int, content_type: bytes, body: bytes, close: bool = False) -> None:
-        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
         if close:
-            headers.append((b"connection", b"close"))
-        await self.stream.send_all(self.start_response(status, headers, body))
+            self.keep_alive = False
+        head = self.head(status, b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(body)))
+        await sockio.send_all(self.sock, head + body)
 
     @property
     def can_respond(self) -> bool:
-        return self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE)
+        return not self.responded

@@ -1,67 +1,121 @@
-"""The router's own Prometheus metrics, in a registry per router (tests run several)."""
+"""The router's own Prometheus metrics, in a registry per router (tests run several).
+
+The per-request figures (requests by model and status, in-flight, the two latency
+histograms) are plain Python counters and lists, turned into metric families by a
+collector when /metrics is read: prometheus-client's Counter.inc / Histogram.observe take
+a lock and walk every bucket on each call, which was a measurable share of the router's
+CPU per request. Rare events (engine errors, ejections) use prometheus-client's Counter.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
+
+LATENCY_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+FIRST_BYTE_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)
+MAX_SERIES = 10_000  # bounded: garbage model names go to "other"
+
+
+class _Hist:
+    """One histogram's series by model: non-cumulative bucket counts and the sum."""
+
+    __slots__ = ("bounds", "series")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.series: dict[str, list[float]] = {}  # model → [count per bucket..., +Inf, sum]
+
+    def observe(self, model: str, v: float) -> None:
+        s = self.series.get(model)
+        if s is None:
+            if len(self.series) >= MAX_SERIES:
+                model = "other"
+            s = self.series.setdefault(model, [0.0] * (len(self.bounds) + 2))
+        s[bisect_left(self.bounds, v)] += 1
+        s[-1] += v
+
+    def family(self, name: str, doc: str) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(name, doc, labels=["model"])
+        for model, s in sorted(self.series.items()):
+            acc = 0.0
+            buckets = []
+            for le, n in zip((*map(str, self.bounds), "+Inf"), s[:-1], strict=True):
+                acc += n
+                buckets.append((le, acc))
+            fam.add_metric([model], buckets, s[-1])
+        return fam
+
+
+class _Collector:
+    def __init__(self, m: RouterMetrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        req = CounterMetricFamily(
+            "llmgw_router_requests",
+            "Requests answered, by model and HTTP status.",
+            labels=["model", "status"],
+        )
+        for (model, status), n in sorted(m.requests.items()):
+            req.add_metric([model, str(status)], n)
+        yield req
+        yield m.latency.family(
+            "llmgw_router_request_seconds",
+            "Time from request to the end of the response (streams: to the last event).",
+        )
+        yield m.first_byte_hist.family(
+            "llmgw_router_first_byte_seconds", "Time from request to the engine's response head."
+        )
+        yield GaugeMetricFamily("llmgw_router_in_flight", "Requests being served now.", value=m.in_flight)
 
 
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
-            "llmgw_router_requests",
-            "Requests answered, by model and HTTP status.",
-            ["model", "status"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "llmgw_router_request_seconds",
-            "Time from request to the end of the response (streams: to the last event).",
-            ["model"],
-            registry=r,
-            buckets=(0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-        )
-        self.first_byte = Histogram(
-            "llmgw_router_first_byte_seconds",
-            "Time from request to the engine's response head.",
-            ["model"],
-            registry=r,
-            buckets=(0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
-        )
+        self.requests: dict[tuple[str, int], int] = {}
+        self.in_flight = 0
+        self.latency = _Hist(LATENCY_BUCKETS)
+        self.first_byte_hist = _Hist(FIRST_BYTE_BUCKETS)
+        r.register(_Collector(self))
         self.upstream_errors = Counter(
             "llmgw_router_upstream_errors",
             "Engine failures, by replica and kind (connect, status, timeout, broken).",
             ["replica", "kind"],
             registry=r,
         )
-        self.in_flight = Gauge("llmgw_router_in_flight", "Requests being served now.", registry=r)
         self.ejections = Counter(
             "llmgw_router_ejections", "Replicas ejected after a failure.", ["replica"], registry=r
         )
-        self._req_children: dict[tuple[str, int], Counter] = {}
-        self._lat_children: dict[str, tuple[Histogram, Histogram]] = {}
 
     def count(self, model: str, status: int) -> None:
         key = (model, status)
-        c = self._req_children.get(key)
-        if c is None:
-            if len(self._req_children) > 10_000:  # bounded: garbage model names
-                model = "other"
-            c = self._req_children[key] = self.requests.labels(model, str(status))
-        c.inc()
+        n = self.requests.get(key)
+        if n is None:
+            if len(self.requests) >= MAX_SERIES:
+                key = ("other", status)
+            n = self.requests.get(key, 0)
+        self.requests[key] = n + 1
 
-    def timers(self, model: str) -> tuple[Histogram, Histogram]:
-        t = self._lat_children.get(model)
-        if t is None:
-            t = self._lat_children[model] = (
-                self.latency.labels(model),
-                self.first_byte.labels(model),
-            )
-        return t
+    def done(self, model: str, status: int, seconds: float) -> None:
+        """One request answered: counted, and its latency observed when the model is known."""
+        self.count(model, status)
+        if model:
+            self.latency.observe(model, seconds)
+
+    def first_byte(self, model: str, seconds: float) -> None:
+        self.first_byte_hist.observe(model, seconds)
+
+    def upstream_error(self, replica: str, kind: str) -> None:
+        self.upstream_errors.labels(replica, kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,15 +13,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import h11
 import trio
 
 from llmgw.config.router import RouterConfig
-from llmgw.router import errors
+from llmgw.router import errors, sockio
 from llmgw.router.auth import ApiKey, KeyFile
 from llmgw.router.balancer import Replica, prefix_key
 from llmgw.router.errors import ApiError
-from llmgw.router.http import BadRequest, ClientConn, Request, TooLarge, set_nodelay
+from llmgw.router.http import BadRequest, ClientConn, Request, TooLarge
 from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
@@ -82,13 +81,12 @@ class Router:
     # ---- per connection -----------------------------------------------------------------
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        set_nodelay(stream)
-        client = ClientConn(stream, self.config.max_body_bytes)
+        sock = sockio.adopt(stream)
+        client = ClientConn(sock, self.config.max_body_bytes, self.config.idle_timeout)
         try:
             while True:
                 try:
-                    with trio.move_on_after(self.config.idle_timeout):
-                        req = await client.next_request()
+                    req = await client.next_request()
                 except TooLarge:
                     err = errors.too_large(self.config.max_body_bytes)
                     await client.respond(err.status, JSON, err.body(), close=True)
@@ -104,10 +102,8 @@ class Router:
                 await self.dispatch(client, req)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away; nothing to answer
-        except h11.LocalProtocolError as exc:
-            log.debug("closing client connection: %s", exc)
         finally:
-            stream.socket.close()
+            sockio.close(sock)
 
     async def dispatch(self, client: ClientConn, req: Request) -> None:
         target = req.target
@@ -148,7 +144,8 @@ class Router:
         t0 = trio.current_time()
         model = ""
         status = 500
-        self.metrics.in_flight.inc()
+        metrics = self.metrics
+        metrics.in_flight += 1
         try:
             key = self._auth(req)
             try:
@@ -174,10 +171,8 @@ class Router:
             if client.can_respond:
                 await client.respond(err.status, JSON, err.body())
         finally:
-            self.metrics.in_flight.dec()
-            self.metrics.count(model, status)
-            if model:
-                self.metrics.timers(model)[0].observe(trio.current_time() - t0)
+            metrics.in_flight -= 1
+            metrics.done(model, status, trio.current_time() - t0)
 
     async def _forward(
         self,
@@ -238,11 +233,11 @@ class Router:
 async def _watch_client(client: ClientConn, scope: trio.CancelScope) -> None:
     """Cancel `scope` when the client closes its side while its request is served."""
     try:
-        data = await client.stream.receive_some(65536)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        data = await sockio.wait_closed(client.sock)
+    except trio.ClosedResourceError:
         data = b""
     if data:
-        client.pending += data  # a pipelined request: keep it for the next cycle
+        client.buf += data  # a pipelined request: keep it for the next cycle
         return
     scope.cancel()
 

@@ -14,15 +14,16 @@ engines close theirs after a few seconds of quiet.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
-import h11
 import trio
 
 from llmgw.config.router import RouterConfig
+from llmgw.router import sockio
 from llmgw.router.balancer import Replica
 from llmgw.router.errors import sse_error_event
-from llmgw.router.http import RECV, ClientConn, Request, set_nodelay
+from llmgw.router.http import ClientConn, Request
 from llmgw.router.metrics import RouterMetrics
 
 
@@ -149,10 +150,10 @@ def dechunk(raw: bytes) -> bytes:
 
 
 class UpstreamConn:
-    __slots__ = ("stream", "buf", "key", "reused", "idle_since", "clean")
+    __slots__ = ("sock", "buf", "key", "reused", "idle_since", "clean")
 
-    def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
-        self.stream = stream
+    def __init__(self, sock: socket.socket, key: tuple[str, int]) -> None:
+        self.sock = sock
         self.buf = b""  # bytes received past the head
         self.key = key
         self.reused = False
@@ -161,9 +162,11 @@ class UpstreamConn:
 
     async def send_request(self, head: bytes, body: bytes) -> None:
         self.clean = False
-        await self.stream.send_all(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            await self.stream.send_all(body)
+        if len(body) < 65536:
+            await sockio.send_all(self.sock, head + body)
+        else:
+            await sockio.send_all(self.sock, head)
+            await sockio.send_all(self.sock, body)
 
     async def read_head(self) -> Head:
         """The response head (1xx skipped). EOF before it raises ProtocolError."""
@@ -173,7 +176,7 @@ class UpstreamConn:
             while end < 0:
                 if len(buf) > 65536:
                     raise ProtocolError("response head too large")
-                data = await self.stream.receive_some(RECV)
+                data = await sockio.recv(self.sock)
                 if not data:
                     raise ProtocolError("engine closed the connection without answering")
                 buf += data
@@ -190,7 +193,7 @@ class UpstreamConn:
         buf, self.buf = self.buf, b""
         if head.framing == "length":
             while len(buf) < head.length:
-                data = await self.stream.receive_some(RECV)
+                data = await sockio.recv(self.sock)
                 if not data:
                     raise ProtocolError("engine closed the connection mid-body")
                 buf += data
@@ -207,7 +210,7 @@ class UpstreamConn:
                     return dechunk(b"".join(parts) + b"0\r\n\r\n")
             elif buf:
                 parts.append(buf)
-            buf = await self.stream.receive_some(RECV)
+            buf = await sockio.recv(self.sock)
             if not buf:
                 if scanner is None:
                     return b"".join(parts)
@@ -232,7 +235,7 @@ class UpstreamPool:
                 if now - c.idle_since < self.max_idle:
                     c.reused = True
                     return c
-                c.stream.socket.close()
+                sockio.close(c.sock)
         try:
             with trio.fail_after(self.connect_timeout):
                 stream = await trio.open_tcp_stream(host, port)
@@ -240,9 +243,8 @@ class UpstreamPool:
             raise ConnectFailed(f"connect to {host}:{port} timed out") from exc
         except OSError as exc:
             raise ConnectFailed(f"connect to {host}:{port}: {exc.strerror or exc}") from exc
-        set_nodelay(stream)
         self.opened += 1
-        return UpstreamConn(stream, key)
+        return UpstreamConn(sockio.adopt(stream), key)
 
     def release(self, c: UpstreamConn) -> None:
         """Back to the pool if the exchange finished cleanly; closed otherwise."""
@@ -267,10 +269,7 @@ class UpstreamPool:
 
 def close_now(c: UpstreamConn) -> None:
     """Close without awaiting (safe inside a cancelled scope): the engine sees EOF."""
-    try:
-        c.stream.socket.close()
-    except OSError:
-        pass
+    sockio.close(c.sock)
 
 
 async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, timeout: float) -> str:
@@ -322,34 +321,29 @@ class Relay:
         self.metrics = metrics
         self.eject = eject
 
-    async def _head(self, r: Replica, path: bytes, body: bytes) -> tuple[UpstreamConn, Head]:
-        req_head = (
-            b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % (path, r.authority, len(body))
-        )
+    async def _head(self, r: Replica, req_head: bytes, body: bytes) -> tuple[UpstreamConn, Head]:
         fresh = False
         while True:
             try:
                 conn = await self.pool.acquire(r.host, r.port, fresh=fresh)
             except ConnectFailed as exc:
-                self.metrics.upstream_errors.labels(r.replica_id, "connect").inc()
+                self.metrics.upstream_error(r.replica_id, "connect")
                 raise Failed(str(exc)) from None
+            ok = False
             try:
                 await conn.send_request(req_head, body)
-                with trio.fail_after(self.first_byte):
-                    head = await conn.read_head()
-            except trio.TooSlowError:
-                close_now(conn)
-                self.metrics.upstream_errors.labels(r.replica_id, "timeout").inc()
-                raise Failed(f"no response within {self.first_byte:g}s", eject=False, retry=False) from None
+                head = await conn.read_head()
+                ok = True
+                return conn, head
             except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError) as exc:
-                close_now(conn)
                 if conn.reused and not fresh:
                     fresh = True  # the engine closed an idle connection: dial a new one
                     continue
-                self.metrics.upstream_errors.labels(r.replica_id, "broken").inc()
+                self.metrics.upstream_error(r.replica_id, "broken")
                 raise Failed(f"connection lost before the response: {exc}") from None
-            return conn, head
+            finally:
+                if not ok:
+                    close_now(conn)
 
     async def run(
         self,
@@ -360,86 +354,135 @@ class Relay:
         streaming: bool,
         model: str,
     ) -> int:
+        """Relay one exchange; returns the status. Raises Failed before anything went to
+        the client, trio.BrokenResourceError when the engine failed after that."""
         t0 = trio.current_time()
-        conn, head = await self._head(r, path, req.body)
-        status = head.status
-        if status in RETRY_STATUS:
-            close_now(conn)
-            self.metrics.upstream_errors.labels(r.replica_id, "status").inc()
-            raise Failed(f"engine answered HTTP {status}")
-        self.metrics.timers(model)[1].observe(trio.current_time() - t0)
-        framing = head.framing
-        hdrs = [(b"content-type", head.content_type)]
-        if framing == "length":
-            hdrs.append((b"content-length", b"%d" % head.length))
-        out = client.start_response(status, hdrs)
-        # Chunked: the engine's chunks go to the client byte for byte (h11 frames only the
-        # final zero-size chunk); otherwise through h11, which counts the length.
-        scanner = ChunkScanner() if framing == "chunked" else None
-        left = head.length
-        upstream = conn.stream
-        send = client.stream.send_all
-        data, conn.buf = conn.buf, b""
+        http10 = client.http10  # no chunked framing for the client: ask the engine in 1.0
+        body = req.body
+        req_head = (
+            b"POST %s HTTP/1.%d\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (
+                path,
+                0 if http10 else 1,
+                r.authority,
+                len(body),
+            )
+        )
+        conn: UpstreamConn | None = None
         ok = False
         broken = ""
+        out = b""
+        chunked_out = False
+        scanner: ChunkScanner | None = None
+        send = client.sock
+        # One cancel scope for the whole exchange: the first-byte deadline until the head
+        # is in, then the idle deadline, pushed forward as data comes (only when it moved by
+        # more than 1/64 of the idle timeout, so not on every event: a stall ends the
+        # exchange after between 63/64 and 64/64 of `idle_timeout`).
         try:
-            with trio.CancelScope() as scope:
-                scope.deadline = trio.current_time() + self.first_byte
+            with trio.CancelScope(deadline=t0 + self.first_byte) as scope:
+                conn, head = await self._head(r, req_head, body)
+                status = head.status
+                if status in RETRY_STATUS:
+                    self.metrics.upstream_error(r.replica_id, "status")
+                    raise Failed(f"engine answered HTTP {status}")
+                now = trio.current_time()
+                self.metrics.first_byte(model, now - t0)
+                idle = self.idle
+                slack = idle / 64
+                scope.deadline = now + idle
+                framing = head.framing
+                if framing == "chunked":
+                    if http10:
+                        raise ProtocolError("chunked answer to an HTTP/1.0 request")
+                    scanner = ChunkScanner()
+                    chunked_out = True
+                    out = client.head(
+                        status, b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
+                    )
+                elif framing == "length":
+                    out = client.head(
+                        status,
+                        b"content-type: %s\r\ncontent-length: %d\r\n" % (head.content_type, head.length),
+                    )
+                elif http10:
+                    client.keep_alive = False
+                    out = client.head(status, b"content-type: %s\r\n" % head.content_type)
+                else:
+                    chunked_out = True
+                    out = client.head(
+                        status, b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
+                    )
+                left = head.length
+                upstream = conn.sock
+                data, conn.buf = conn.buf, b""
                 while True:
                     if data:
                         if scanner is not None:
+                            # The engine's chunks go to the client byte for byte.
                             fwd, done = scanner.feed(data)
                             out += fwd
                         elif framing == "length":
                             if len(data) > left:
                                 data = data[:left]
                             left -= len(data)
-                            out += client.data(data)
+                            out += data
                             done = left == 0
                         else:
-                            out += client.data(data)
+                            out += b"%x\r\n%s\r\n" % (len(data), data) if chunked_out else data
                             done = False
                         if done:
-                            out += client.end()
-                            await send(out)
+                            if chunked_out:
+                                out += b"0\r\n\r\n"
+                            await sockio.send_all(send, out)
                             ok = True
                             conn.clean = head.keep_alive and not conn.buf
                             return status
                     if out:
-                        await send(out)
+                        await sockio.send_all(send, out)
                         out = b""
                     try:
-                        data = await upstream.receive_some(RECV)
+                        data = await sockio.recv(upstream)
                     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         broken = f"connection lost: {exc}"
                         break
                     if not data:
                         if framing == "close":
-                            await send(client.end())
+                            if chunked_out:
+                                await sockio.send_all(send, b"0\r\n\r\n")
                             ok = True
                             return status
                         broken = "engine closed the connection mid-response"
                         break
-                    scope.deadline = trio.current_time() + self.idle
+                    now = trio.current_time()
+                    if now + idle > scope.deadline + slack:
+                        scope.deadline = now + idle
             if scope.cancelled_caught:
+                if conn is None:
+                    self.metrics.upstream_error(r.replica_id, "timeout")
+                    raise Failed(f"no response within {self.first_byte:g}s", eject=False, retry=False)
                 broken = f"no data for {self.idle:g}s"
         except ProtocolError as exc:
+            if not client.responded:
+                self.metrics.upstream_error(r.replica_id, "broken")
+                raise Failed(f"engine broke the response: {exc}") from None
             broken = f"engine broke the response: {exc}"
         finally:
-            if ok:
-                self.pool.release(conn)
-            else:
-                close_now(conn)
+            if conn is not None:
+                if ok:
+                    self.pool.release(conn)
+                else:
+                    close_now(conn)
         # The engine failed after the client got the head: end the stream with an error.
-        self.metrics.upstream_errors.labels(r.replica_id, "broken").inc()
+        self.metrics.upstream_error(r.replica_id, "broken")
         if not broken.startswith("no data"):
             self.eject(r, broken)
-        if streaming and scanner is not None and client.h11.our_state is h11.SEND_BODY:
-            if scanner.remaining == 0 and not scanner.partial:
-                out += client.data(sse_error_event(f"replica {r.replica_id} failed: {broken}"))
-                out += client.end()
-                await send(out)
-                return status
+        at_boundary = scanner is None or (scanner.remaining == 0 and not scanner.partial)
+        if streaming and chunked_out and at_boundary:
+            ev = sse_error_event(f"replica {r.replica_id} failed: {broken}")
+            out += b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev)
+            await sockio.send_all(send, out)
+            return status
         if out:
-            await send(out)
+            await sockio.send_all(send, out)
         raise trio.BrokenResourceError(f"engine failed mid-response: {broken}")

@@ -1,0 +1,121 @@
+"""Socket I/O for the router's hot path: plain non-blocking sockets, trio only to wait.
+
+trio's SocketStream passes through the scheduler after every send or receive that
+completed at once (a checkpoint: one more scheduler round, one more epoll_wait). Here an
+operation that completes at once returns at once; the task waits only when the kernel
+says it must (wait_readable / wait_writable, which are checkpoints). So that no task can
+run for long without the scheduler seeing it (fairness, cancellation), a full checkpoint
+is taken before an operation once YIELD_EVERY operations in a row completed without any
+task waiting (the count is global: it bounds the time between scheduler rounds).
+
+Errors come out as trio's: a reset or broken connection is trio.BrokenResourceError,
+a socket closed under us trio.ClosedResourceError. `close` wakes any task waiting on the
+socket (trio.lowlevel.notify_closing) before closing it.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import trio
+from trio.lowlevel import checkpoint, notify_closing, wait_readable, wait_writable
+
+RECV = 65536
+YIELD_EVERY = 24
+
+_budget = YIELD_EVERY
+
+
+def adopt(stream: trio.SocketStream) -> socket.socket:
+    """The plain socket under a trio SocketStream (which is left detached), TCP_NODELAY."""
+    sock = socket.socket(fileno=stream.socket.detach())
+    sock.setblocking(False)
+    set_nodelay(sock)
+    return sock
+
+
+def set_nodelay(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # not TCP (unix sockets) or already closed
+        pass
+
+
+def close(sock: socket.socket) -> None:
+    """Close now, without awaiting (safe inside a cancelled scope): the peer sees EOF."""
+    if sock.fileno() < 0:
+        return
+    try:
+        notify_closing(sock)
+    except (OSError, ValueError):
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def _error(exc: OSError) -> Exception:
+    if exc.errno == errno.EBADF:
+        return trio.ClosedResourceError("socket was already closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
+
+
+async def recv(sock: socket.socket, n: int = RECV) -> bytes:
+    """Whatever has arrived (b"" at EOF); waits only when nothing has."""
+    global _budget
+    _budget -= 1
+    if _budget <= 0:
+        _budget = YIELD_EVERY
+        await checkpoint()
+    while True:
+        try:
+            return sock.recv(n)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            raise _error(exc) from exc
+        _budget = YIELD_EVERY
+        await wait_readable(sock)
+
+
+async def send_all(sock: socket.socket, data: bytes) -> None:
+    global _budget
+    _budget -= 1
+    if _budget <= 0:
+        _budget = YIELD_EVERY
+        await checkpoint()
+    try:
+        sent = sock.send(data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        raise _error(exc) from exc
+    if sent == len(data):
+        return
+    view = memoryview(data)[sent:]
+    while view:
+        _budget = YIELD_EVERY
+        await wait_writable(sock)
+        try:
+            sent = sock.send(view)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise _error(exc) from exc
+        view = view[sent:]
+
+
+async def wait_closed(sock: socket.socket) -> bytes:
+    """Wait until the peer sends something: b"" when it closed, else the bytes."""
+    while True:
+        try:
+            return sock.recv(RECV)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("socket was already closed") from exc
+            return b""
+        await wait_readable(sock)
