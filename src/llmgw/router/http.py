@@ -22,6 +22,7 @@ import socket
 from http import HTTPStatus
 
 import trio
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from llmgw.router import sockio
 from llmgw.router.sockio import RECV, set_nodelay
@@ -29,6 +30,7 @@ from llmgw.router.sockio import RECV, set_nodelay
 __all__ = ["RECV", "BadRequest", "ClientConn", "Request", "TooLarge", "set_nodelay"]
 
 MAX_HEAD = 65536
+INBOX_MAX = 1 << 20
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 # Control characters other than tab, and CR or LF that are not a CRLF pair.
 _CTL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
@@ -57,38 +59,101 @@ class Request:
 
 
 class ClientConn:
-    __slots__ = ("sock", "buf", "max_body", "idle", "keep_alive", "http10", "responded")
+    """One client connection. A reader task (`read_loop`, started by the service next to
+    the request loop) owns every receive on the socket: it hands the bytes to the request
+    parser through `inbox`, and while a request is being served it is what notices the
+    client closing (it cancels `watch`, the scope of that request), so no task is started
+    per request to watch for that. It stops reading while `inbox` holds more than
+    INBOX_MAX bytes nobody asked for."""
+
+    __slots__ = (
+        "sock",
+        "buf",
+        "inbox",
+        "eof",
+        "waiter",
+        "reader_parked",
+        "watch",
+        "max_body",
+        "idle",
+        "keep_alive",
+        "http10",
+        "responded",
+    )
 
     def __init__(self, sock: socket.socket, max_body: int, idle: float = 60.0) -> None:
         self.sock = sock
-        self.buf = b""  # received, not yet parsed (the disconnect watcher appends here)
+        self.buf = b""  # taken from the inbox, not yet parsed (the request loop's own)
+        self.inbox = b""  # received by the reader, not yet taken
+        self.eof = False  # the client closed (or broke) the connection
+        self.waiter: Task | None = None  # the request loop, waiting for bytes
+        self.reader_parked: Task | None = None  # the reader, waiting for room in the inbox
+        self.watch: trio.CancelScope | None = None  # the request being served
         self.max_body = max_body
         self.idle = idle
         self.keep_alive = True
         self.http10 = False
         self.responded = False  # a response head went out for the current request
 
+    async def read_loop(self) -> None:
+        sock = self.sock
+        try:
+            while True:
+                if len(self.inbox) > INBOX_MAX:
+                    self.reader_parked = current_task()
+                    await wait_task_rescheduled(self._abort_reader)
+                    continue
+                data = await sockio.recv(sock)
+                if not data:
+                    break
+                self.inbox += data
+                if self.waiter is not None:
+                    reschedule(self.waiter)
+                    self.waiter = None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.eof = True
+        if self.waiter is not None:
+            reschedule(self.waiter)
+            self.waiter = None
+        if self.watch is not None:
+            self.watch.cancel()
+
+    def _abort_reader(self, _: object) -> Abort:
+        self.reader_parked = None
+        return Abort.SUCCEEDED
+
+    def _abort_wait(self, _: object) -> Abort:
+        self.waiter = None
+        return Abort.SUCCEEDED
+
     async def _more(self) -> bytes:
         """The next bytes from the client; b"" at EOF or after `idle` seconds of nothing."""
-        with trio.move_on_after(self.idle):
-            return await sockio.recv(self.sock)
-        return b""
+        if not self.inbox and not self.eof:
+            with trio.move_on_after(self.idle):
+                self.waiter = current_task()
+                await wait_task_rescheduled(self._abort_wait)
+        data, self.inbox = self.inbox, b""
+        if self.reader_parked is not None:
+            reschedule(self.reader_parked)
+            self.reader_parked = None
+        return data
 
     async def next_request(self) -> Request | None:
         if not self.keep_alive:
             return None
         self.responded = False
         buf = self.buf
+        if self.inbox:
+            buf += self.inbox
+            self.inbox = b""
         if buf[:2] == b"\r\n":
             buf = buf.lstrip(b"\r\n")  # empty lines before a request are allowed
         end = buf.find(b"\r\n\r\n")
         while end < 0:
             if len(buf) > MAX_HEAD:
                 raise BadRequest("request head too large")
-            try:
-                data = await self._more()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return None
+            data = await self._more()
             if not data:
                 return None
             buf = (buf + data).lstrip(b"\r\n") if not buf else buf + data
@@ -164,11 +229,7 @@ class ClientConn:
         return Request(method, target, headers, body)
 
     async def _more_or_none(self) -> bytes | None:
-        try:
-            data = await self._more()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return None
-        return data or None
+        return await self._more() or None
 
     async def _continue(self, headers: dict[bytes, bytes], http10: bool) -> None:
         if not http10 and headers.get(b"expect", b"").lower() == b"100-continue":

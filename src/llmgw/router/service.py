@@ -84,26 +84,34 @@ class Router:
         sock = sockio.adopt(stream)
         client = ClientConn(sock, self.config.max_body_bytes, self.config.idle_timeout)
         try:
-            while True:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client.read_loop)
                 try:
-                    req = await client.next_request()
-                except TooLarge:
-                    err = errors.too_large(self.config.max_body_bytes)
-                    await client.respond(err.status, JSON, err.body(), close=True)
-                    self.metrics.count("", 413)
-                    return
-                except BadRequest as exc:
-                    if client.can_respond:
-                        err = ApiError(400, f"malformed HTTP request: {exc}")
-                        await client.respond(400, JSON, err.body(), close=True)
-                    return
-                if req is None:
-                    return
-                await self.dispatch(client, req)
+                    await self._serve(client)
+                finally:
+                    nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away; nothing to answer
         finally:
             sockio.close(sock)
+
+    async def _serve(self, client: ClientConn) -> None:
+        while True:
+            try:
+                req = await client.next_request()
+            except TooLarge:
+                err = errors.too_large(self.config.max_body_bytes)
+                await client.respond(err.status, JSON, err.body(), close=True)
+                self.metrics.count("", 413)
+                return
+            except BadRequest as exc:
+                if client.can_respond:
+                    err = ApiError(400, f"malformed HTTP request: {exc}")
+                    await client.respond(400, JSON, err.body(), close=True)
+                return
+            if req is None:
+                return
+            await self.dispatch(client, req)
 
     async def dispatch(self, client: ClientConn, req: Request) -> None:
         target = req.target
@@ -187,9 +195,12 @@ class Router:
         """Try up to MAX_TRIES replicas; returns the status the client got."""
         tried: tuple[Replica, ...] = ()
         last = ""
-        gone = False
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_client, client, nursery.cancel_scope)
+        # The client's reader cancels this scope when the client closes: the exchange with
+        # the engine is abandoned and its connection closed, so the engine stops.
+        with trio.CancelScope() as scope:
+            client.watch = scope
+            if client.eof:
+                scope.cancel()
             try:
                 for _ in range(MAX_TRIES):
                     now = trio.current_time()
@@ -211,9 +222,8 @@ class Router:
                     finally:
                         r.outstanding -= 1
             finally:
-                gone = nursery.cancel_scope.cancel_called
-                nursery.cancel_scope.cancel()
-        if gone:
+                client.watch = None
+        if scope.cancel_called:
             return 499  # the client went away; nothing to answer
         if not tried:
             raise errors.no_replica(model)
@@ -228,18 +238,6 @@ class Router:
             self.metrics.ejections.labels(r.replica_id).inc()
         r.ejected_until = now + self.config.eject_for
         self.upstream.drop_host(r.host, r.port)
-
-
-async def _watch_client(client: ClientConn, scope: trio.CancelScope) -> None:
-    """Cancel `scope` when the client closes its side while its request is served."""
-    try:
-        data = await sockio.wait_closed(client.sock)
-    except trio.ClosedResourceError:
-        data = b""
-    if data:
-        client.buf += data  # a pipelined request: keep it for the next cycle
-        return
-    scope.cancel()
 
 
 def _split_bind(bind: str) -> tuple[str, int]:
