@@ -275,3 +275,91 @@ async def test_api_keys(engines: list[SimEngineProcess], nursery: trio.Nursery, 
         assert payload["error"]["code"] == "invalid_api_key"
     got, payload = await in_thread(post, url, body, {"authorization": "Bearer sk-good"})
     assert got == 200, payload
+
+
+def read_response(s: socket.socket, buf: bytes = b"") -> tuple[bytes, bytes, bytes]:
+    """(head, body as framed on the wire, bytes after it) of one response on `s`."""
+    while b"\r\n\r\n" not in buf:
+        data = s.recv(65536)
+        if not data:
+            raise AssertionError(f"closed before a response head: {buf!r}")
+        buf += data
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    low = head.lower()
+    if b"content-length:" in low:
+        n = int(low.split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(rest) < n:
+            rest += s.recv(65536)
+        return head, rest[:n], rest[n:]
+    if b"transfer-encoding: chunked" in low:
+        while b"\r\n0\r\n\r\n" not in rest and not rest.startswith(b"0\r\n\r\n"):
+            data = s.recv(65536)
+            assert data, "closed mid-body"
+            rest += data
+        end = rest.find(b"0\r\n\r\n") if rest.startswith(b"0\r\n") else rest.find(b"\r\n0\r\n\r\n") + 2
+        return head, rest[: end + 5], rest[end + 5 :]
+    while data := s.recv(65536):  # close-delimited
+        rest += data
+    return head, rest, b""
+
+
+def raw(url: str, data: bytes, timeout: float = 10) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=timeout)
+    s.sendall(data)
+    return s
+
+
+async def test_http_framing_edge_cases(router: str) -> None:
+    """The lean request reader: chunked request bodies, Expect: 100-continue, pipelining,
+    HTTP/1.0 (no chunked framing back), and malformed heads answered 400."""
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3}).encode()
+    sbody = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": True}).encode()
+
+    def post_head(version: str, extra: str = "", length: int | None = None) -> bytes:
+        cl = f"content-length: {length}\r\n" if length is not None else ""
+        return f"POST /v1/completions HTTP/{version}\r\nhost: x\r\n{cl}{extra}\r\n".encode()
+
+    def work() -> None:
+        # A chunked request body, in two chunks.
+        half = len(body) // 2
+        chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, body[:half], len(body) - half, body[half:])
+        with raw(router, post_head("1.1", "transfer-encoding: chunked\r\n") + chunked) as s:
+            head, payload, _ = read_response(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert json.loads(payload)["choices"]
+        # Expect: 100-continue: the router says continue before the body is sent.
+        with raw(router, post_head("1.1", "expect: 100-continue\r\n", len(body))) as s:
+            assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            s.sendall(body)
+            head, payload, _ = read_response(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+        # Two requests pipelined on one connection: two answers, in order.
+        one = post_head("1.1", length=len(body)) + body
+        with raw(router, one + one) as s:
+            head, _, rest = read_response(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            head, _, _ = read_response(s, rest)
+            assert head.startswith(b"HTTP/1.1 200"), head
+        # HTTP/1.0: a stream comes back close-delimited, events unframed.
+        with raw(router, post_head("1.0", length=len(sbody)) + sbody) as s:
+            head, payload, _ = read_response(s)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert b"transfer-encoding" not in head.lower()
+            assert payload.startswith(b"data: {") and b"data: [DONE]" in payload
+        # Malformed heads: 400 with OpenAI's error shape, connection closed.
+        for bad in (
+            b"POST /v1/completions HTTP/1.1 extra\r\nhost: x\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nhost : x\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n folded\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+            b"POST /v1/completions HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"POST /v1/completions HTTP/2.0\r\nhost: x\r\n\r\n",
+        ):
+            with raw(router, bad) as s:
+                head, payload, _ = read_response(s)
+                assert head.startswith(b"HTTP/1.1 400"), (bad, head)
+                assert b"connection: close" in head.lower()
+                assert set(json.loads(payload)["error"]) == {"message", "type", "param", "code"}
+
+    await in_thread(work)
