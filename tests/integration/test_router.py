@@ -363,3 +363,30 @@ async def test_http_framing_edge_cases(router: str) -> None:
                 assert set(json.loads(payload)["error"]) == {"message", "type", "param", "code"}
 
     await in_thread(work)
+
+
+async def test_client_idle_timeout(engines: list[SimEngineProcess], nursery: trio.Nursery) -> None:
+    """A client that sends nothing for idle_timeout is closed; a client that is silent while
+    its (longer) stream is relayed is not, and neither is one that pauses between requests
+    for less than the timeout."""
+    url = await start_router(nursery, Source(table(engines)), idle_timeout=0.4)
+
+    def work() -> None:
+        with raw(url, b"") as s:  # nothing at all
+            t0 = time.monotonic()
+            assert s.recv(65536) == b""
+            assert 0.3 < time.monotonic() - t0 < 3
+        with raw(url, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n") as s:  # half a head
+            assert s.recv(65536) == b""
+        body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 160, "stream": True}).encode()
+        one = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        with raw(url, one) as s:  # ~0.8 s of events at 200/s, client silent throughout
+            head, payload, rest = read_response(s)
+            assert head.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in payload, payload[-200:]
+            for _ in range(2):
+                time.sleep(0.25)
+                s.sendall(one)
+                head, payload, rest = read_response(s, rest)
+                assert b"data: [DONE]" in payload
+
+    await in_thread(work)

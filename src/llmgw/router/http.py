@@ -72,6 +72,7 @@ class ClientConn:
         "inbox",
         "eof",
         "waiter",
+        "waiting_since",
         "reader_parked",
         "watch",
         "max_body",
@@ -87,6 +88,7 @@ class ClientConn:
         self.inbox = b""  # received by the reader, not yet taken
         self.eof = False  # the client closed (or broke) the connection
         self.waiter: Task | None = None  # the request loop, waiting for bytes
+        self.waiting_since = trio.current_time()  # when it last began waiting
         self.reader_parked: Task | None = None  # the reader, waiting for room in the inbox
         self.watch: trio.CancelScope | None = None  # the request being served
         self.max_body = max_body
@@ -96,20 +98,33 @@ class ClientConn:
         self.responded = False  # a response head went out for the current request
 
     async def read_loop(self) -> None:
+        # The idle timeout (a client that sends nothing for `idle` seconds while its next
+        # request, or the rest of one, is awaited) is kept here too, so that waiting for a
+        # request costs no cancel scope: this loop's scope is made again only when its
+        # deadline passes, and then checks whether the request loop has really been
+        # waiting that long (`waiting_since`, set when it parks).
         sock = self.sock
         try:
             while True:
-                if len(self.inbox) > INBOX_MAX:
-                    self.reader_parked = current_task()
-                    await wait_task_rescheduled(self._abort_reader)
-                    continue
-                data = await sockio.recv(sock)
-                if not data:
-                    break
-                self.inbox += data
-                if self.waiter is not None:
-                    reschedule(self.waiter)
-                    self.waiter = None
+                with trio.CancelScope(deadline=self.waiting_since + self.idle) as scope:
+                    while True:
+                        if len(self.inbox) > INBOX_MAX:
+                            self.reader_parked = current_task()
+                            await wait_task_rescheduled(self._abort_reader)
+                            continue
+                        data = await sockio.recv(sock)
+                        if not data:
+                            break
+                        self.inbox += data
+                        if self.waiter is not None:
+                            reschedule(self.waiter)
+                            self.waiter = None
+                if not scope.cancelled_caught:
+                    break  # EOF
+                if self.waiter is not None and trio.current_time() >= self.waiting_since + self.idle:
+                    break  # idle: treated as the client gone
+                if self.waiter is None:
+                    self.waiting_since = trio.current_time()  # busy serving: look again later
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         self.eof = True
@@ -128,11 +143,12 @@ class ClientConn:
         return Abort.SUCCEEDED
 
     async def _more(self) -> bytes:
-        """The next bytes from the client; b"" at EOF or after `idle` seconds of nothing."""
+        """The next bytes from the client; b"" at EOF or after `idle` seconds of nothing
+        (the reader sets `eof` then)."""
         if not self.inbox and not self.eof:
-            with trio.move_on_after(self.idle):
-                self.waiter = current_task()
-                await wait_task_rescheduled(self._abort_wait)
+            self.waiting_since = trio.current_time()
+            self.waiter = current_task()
+            await wait_task_rescheduled(self._abort_wait)
         data, self.inbox = self.inbox, b""
         if self.reader_parked is not None:
             reschedule(self.reader_parked)

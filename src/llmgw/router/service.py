@@ -25,7 +25,7 @@ from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
-from llmgw.router.upstream import Failed, Relay, UpstreamPool, fetch_text
+from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 
 log = logging.getLogger("llmgw.router")
 
@@ -195,36 +195,25 @@ class Router:
         """Try up to MAX_TRIES replicas; returns the status the client got."""
         tried: tuple[Replica, ...] = ()
         last = ""
-        # The client's reader cancels this scope when the client closes: the exchange with
-        # the engine is abandoned and its connection closed, so the engine stops.
-        with trio.CancelScope() as scope:
-            client.watch = scope
-            if client.eof:
-                scope.cancel()
+        for _ in range(MAX_TRIES):
+            now = trio.current_time()
+            r = pool.choose(now, self._stale, akey, tried)
+            if r is None:
+                break
+            tried += (r,)
+            r.outstanding += 1
             try:
-                for _ in range(MAX_TRIES):
-                    now = trio.current_time()
-                    r = pool.choose(now, self._stale, akey, tried)
-                    if r is None:
-                        break
-                    tried += (r,)
-                    r.outstanding += 1
-                    try:
-                        return await self.relay.run(client, req, path, r, streaming, model)
-                    except Failed as f:
-                        last = f"{r.replica_id}: {f}"
-                        if f.eject:
-                            self._eject(r, str(f))
-                        if not f.retry:
-                            raise ApiError(
-                                504, str(f), type_="server_error", code="upstream_timeout"
-                            ) from None
-                    finally:
-                        r.outstanding -= 1
+                return await self.relay.run(client, req, path, r, streaming, model)
+            except ClientGone:
+                return 499  # the client went away; nothing to answer
+            except Failed as f:
+                last = f"{r.replica_id}: {f}"
+                if f.eject:
+                    self._eject(r, str(f))
+                if not f.retry:
+                    raise ApiError(504, str(f), type_="server_error", code="upstream_timeout") from None
             finally:
-                client.watch = None
-        if scope.cancel_called:
-            return 499  # the client went away; nothing to answer
+                r.outstanding -= 1
         if not tried:
             raise errors.no_replica(model)
         raise errors.upstream_failed(model, last)

@@ -293,6 +293,10 @@ async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, time
         return body.decode("utf-8", "replace")
 
 
+class ClientGone(Exception):
+    """The client closed its connection while its request was being served."""
+
+
 class Failed(Exception):
     """An attempt on one replica failed before anything went to the client."""
 
@@ -355,7 +359,8 @@ class Relay:
         model: str,
     ) -> int:
         """Relay one exchange; returns the status. Raises Failed before anything went to
-        the client, trio.BrokenResourceError when the engine failed after that."""
+        the client, trio.BrokenResourceError when the engine failed after that, ClientGone
+        when the client closed meanwhile (the engine's connection is closed: it stops)."""
         t0 = trio.current_time()
         http10 = client.http10  # no chunked framing for the client: ask the engine in 1.0
         body = req.body
@@ -378,9 +383,13 @@ class Relay:
         # One cancel scope for the whole exchange: the first-byte deadline until the head
         # is in, then the idle deadline, pushed forward as data comes (only when it moved by
         # more than 1/64 of the idle timeout, so not on every event: a stall ends the
-        # exchange after between 63/64 and 64/64 of `idle_timeout`).
+        # exchange after between 63/64 and 64/64 of `idle_timeout`). The client's reader
+        # cancels it too when the client closes (`client.watch`).
         try:
             with trio.CancelScope(deadline=t0 + self.first_byte) as scope:
+                client.watch = scope
+                if client.eof:
+                    scope.cancel()
                 conn, head = await self._head(r, req_head, body)
                 status = head.status
                 if status in RETRY_STATUS:
@@ -458,6 +467,8 @@ class Relay:
                     if now + idle > scope.deadline + slack:
                         scope.deadline = now + idle
             if scope.cancelled_caught:
+                if client.eof:
+                    raise ClientGone()
                 if conn is None:
                     self.metrics.upstream_error(r.replica_id, "timeout")
                     raise Failed(f"no response within {self.first_byte:g}s", eject=False, retry=False)
@@ -468,6 +479,7 @@ class Relay:
                 raise Failed(f"engine broke the response: {exc}") from None
             broken = f"engine broke the response: {exc}"
         finally:
+            client.watch = None
             if conn is not None:
                 if ok:
                     self.pool.release(conn)
