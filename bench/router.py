@@ -1,6 +1,6 @@
 """Router benchmark: figures printed, not a timed test.
 
-    .venv/bin/python bench/router.py [--engine sim|stub] [--seconds 3]
+    .venv/bin/python bench/router.py [--engine sim|stub] [--seconds 3] [--repeat 5]
 
 Starts two engines (the simulated engine, or a minimal stub), the llmgw router as its own
 process in front of them, and a load generator in this process. For chat completions
@@ -221,6 +221,11 @@ def measure(port: int, stream: bool, conc: int, seconds: float, pid: int | None)
     return res
 
 
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the runs (figure by figure)."""
+    return {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
+
+
 def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     full = dict(os.environ)
     full.update(env or {})
@@ -293,6 +298,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=["sim", "stub"], default="sim")
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--repeat", type=int, default=1, help="measure each cell N times, print medians")
     ap.add_argument("--stub-engine", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--router", type=int, help=argparse.SUPPRESS)
     ap.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
@@ -321,7 +327,8 @@ def main() -> None:
                 print(f"{name}: did not start, skipped")
                 continue
             targets.append((name, port, p.pid))
-        print(f"engine: {a.engine} x2, {a.seconds:g}s per cell, cpu tick {1 / TICK * 1e3:g} ms")
+        reps = f", median of {a.repeat}" if a.repeat > 1 else ""
+        print(f"engine: {a.engine} x2, {a.seconds:g}s per cell{reps}, cpu tick {1 / TICK * 1e3:g} ms")
         hdr = f"{'target':<14}{'mode':<8}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
         print(hdr + f"{'+p50':>8}{'+p99':>8}{'ev/s':>9}{'cpu ms/req':>11}")
         for stream in (False, True):
@@ -330,7 +337,7 @@ def main() -> None:
                 for name, port, pid in targets:
                     # direct: one engine; routers spread over two, so direct at conc 64 is
                     # the latency reference only.
-                    r = measure(port, stream, conc, a.seconds, pid)
+                    r = median_of([measure(port, stream, conc, a.seconds, pid) for _ in range(a.repeat)])
                     if base is None:
                         base = r
                     add50 = r["p50"] - base["p50"]

@@ -149,7 +149,13 @@ class Pool:
             chosen = self._by_affinity(key, cands, now, stale_after)
             if chosen is not None:
                 return chosen
-        a, b = self._rng.sample(cands, 2)
+        # Two distinct candidates at random (random.sample costs more than this).
+        n = len(cands)
+        rand = self._rng.random
+        i = int(rand() * n)
+        j = int(rand() * (n - 1))
+        a = cands[i]
+        b = cands[j + 1 if j >= i else j]
         return a if a.score(now, stale_after) <= b.score(now, stale_after) else b
 
     def _by_affinity(self, key: str, cands: list[Replica], now: float, stale_after: float) -> Replica | None:
