@@ -25,9 +25,9 @@ import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from llmgw.router import sockio
-from llmgw.router.sockio import RECV, set_nodelay
+from llmgw.router.sockio import RECV
 
-__all__ = ["RECV", "BadRequest", "ClientConn", "Request", "TooLarge", "set_nodelay"]
+__all__ = ["BadRequest", "ClientConn", "Request", "TooLarge"]
 
 MAX_HEAD = 65536
 INBOX_MAX = 1 << 20
