@@ -61,10 +61,17 @@ def _rss_bytes(pid: int) -> int:
 
 
 # ---- worker: many lightweight agents in one trio process ----
+#
+# The driver and the workers meet in a folder: each worker writes how many of its agents
+# are welcomed to `progress-I`; the driver measures once all are, then writes `window`
+# (two wall-clock times) and `stop`. Every wait is bounded.
+
+HELLO_RETRY = 10.0  # seconds: a Hello lost while the server was busy with handshakes
+MAX_RUN = 600.0  # no worker outlives this
 
 
 async def _worker(server: str, server_key: str, secrets: list[str], interval: float,
-                  warmup: float, window: float) -> dict[str, Any]:
+                  meet: Path, index: int) -> dict[str, Any]:
     import trio
     import zmq
 
@@ -78,45 +85,53 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
     ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
     ctx.set(zmq.MAX_SOCKETS, 65536)  # the default, 1023, is below one worker's share
     server_public = load_public(server_key)
-    latencies: list[float] = []
-    acks = 0
+    samples: list[tuple[float, float]] = []  # (wall time sent, latency)
     welcomed = 0
-    start = trio.current_time()
-    measure_from = start + warmup
-    measure_to = measure_from + window
+    stop = meet / "stop"
 
     async def agent(secret: str) -> None:
-        nonlocal acks, welcomed
+        nonlocal welcomed
         pair = load_pair(secret)
         hello = codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(pair.identity, "127.0.0.1"), Inventory()))
         async with connect(ctx, server, pair, server_public) as conn:
-            await conn.send(hello)
-            while not isinstance(codec.decode(await conn.recv()), Welcome):
-                pass
+            while True:
+                await conn.send(hello)
+                with trio.move_on_after(HELLO_RETRY):
+                    while not isinstance(codec.decode(await conn.recv()), Welcome):
+                        pass
+                    break
             welcomed += 1
             await trio.sleep(random.random() * interval)
             seq = 0
-            while trio.current_time() < measure_to:
+            while not stop.exists():
                 seq += 1
-                sent = trio.current_time()
+                sent, wall = trio.current_time(), time.time()
                 await conn.send(codec.encode(Heartbeat(seq)))
                 while True:
                     msg = codec.decode(await conn.recv())
                     if isinstance(msg, HeartbeatAck) and msg.seq == seq:
                         break
                 now = trio.current_time()
-                if measure_from <= sent < measure_to:
-                    latencies.append(now - sent)
-                    acks += 1
+                samples.append((wall, now - sent))
                 await trio.sleep(max(0.0, interval - (now - sent)))
 
-    # Bounded: a worker never outlives its run, even if the server went away.
-    with trio.move_on_after(warmup + window + interval + 30):
+    async def progress() -> None:
+        while True:
+            (meet / f"progress-{index}").write_text(str(welcomed))
+            await trio.sleep(1.0)
+
+    with trio.move_on_after(MAX_RUN):
         async with trio.open_nursery() as nursery:
-            for s in secrets:
-                nursery.start_soon(agent, s)
+            nursery.start_soon(progress)
+            async with trio.open_nursery() as agents:
+                for s in secrets:
+                    agents.start_soon(agent, s)
+            nursery.cancel_scope.cancel()
     ctx.destroy(linger=0)
-    return {"latencies": latencies, "acks": acks, "welcomed": welcomed}
+    window = meet / "window"
+    t0, t1 = (float(x) for x in window.read_text().split()) if window.exists() else (0.0, 0.0)
+    lat = [d for w, d in samples if t0 <= w < t1]
+    return {"latencies": lat, "acks": len(lat), "welcomed": welcomed}
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -125,11 +140,21 @@ def worker_main(args: argparse.Namespace) -> None:
     _raise_fd_limit()
     secrets = Path(args.secrets).read_text().split()
     result = trio.run(_worker, args.server, args.server_key, secrets, args.interval,
-                      args.warmup, args.window)
+                      Path(args.meet), args.index)
     print(json.dumps(result))
 
 
 # ---- driver ----
+
+
+def _welcomed(meet: Path) -> int:
+    total = 0
+    for f in meet.glob("progress-*"):
+        try:
+            total += int(f.read_text() or 0)
+        except (OSError, ValueError):
+            continue  # being written this instant
+    return total
 
 
 def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, float]:
@@ -140,6 +165,8 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
 
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-") as tmp:
         root = Path(tmp)
+        meet = root / "meet"
+        meet.mkdir()
         kd = root / "keys"
         keys.init_keys(str(kd))
         t0 = time.monotonic()
@@ -155,25 +182,27 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
         server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config",
                                    str(root / "server.toml")], stdout=log, stderr=subprocess.STDOUT,
                                   preexec_fn=_raise_fd_limit)
+        workers: list[subprocess.Popen[bytes]] = []
         try:
             while b"listening on" not in (root / "server.log").read_bytes():
                 time.sleep(0.1)
             rss_idle = _rss_bytes(server.pid)
             chunks = [names[i:i + per_worker] for i in range(0, n, per_worker)]
-            # Connecting N CURVE clients takes a while on 2 cores: give it time before measuring.
-            warmup = max(10.0, n / 200)
-            workers = []
             for i, chunk in enumerate(chunks):
                 sf = root / f"secrets-{i}"
                 sf.write_text("\n".join(str(kd / f"{nm}.key_secret") for nm in chunk))
                 workers.append(subprocess.Popen(
                     [sys.executable, __file__, "--worker", "--server", address, "--server-key",
                      str(kd / "server.key"), "--secrets", str(sf), "--interval", str(interval),
-                     "--warmup", str(warmup), "--window", str(window)],
+                     "--meet", str(meet), "--index", str(i)],
                     stdout=subprocess.PIPE))
-            time.sleep(warmup)
-            cpu0 = _cpu_seconds(server.pid)
-            threads0 = _thread_cpu(server.pid)
+            t0 = time.monotonic()
+            while _welcomed(meet) < n and time.monotonic() - t0 < 300:
+                time.sleep(1.0)
+            print(f"  {_welcomed(meet)} of {n} connected in {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr)
+            time.sleep(interval)  # every agent into its heartbeat rhythm
+            wall0, cpu0, threads0 = time.time(), _cpu_seconds(server.pid), _thread_cpu(server.pid)
             profiler = None
             if os.environ.get("LLMGW_BENCH_PROFILE"):
                 profiler = subprocess.Popen(["py-spy", "record", "-r", "1000", "-p", str(server.pid), "-d",
@@ -181,26 +210,33 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
                                              os.environ["LLMGW_BENCH_PROFILE"]],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(window)
-            cpu1 = _cpu_seconds(server.pid)
-            threads1 = _thread_cpu(server.pid)
+            wall1, cpu1, threads1 = time.time(), _cpu_seconds(server.pid), _thread_cpu(server.pid)
+            rss = _rss_bytes(server.pid)
             if profiler is not None:
                 profiler.wait(60)
-            rss = _rss_bytes(server.pid)
-            results = [json.loads(w.communicate()[0]) for w in workers]
+            (meet / "window").write_text(f"{wall0} {wall1}")
+            (meet / "stop").touch()
+            results = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
         finally:
+            (meet / "stop").touch()
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
             server.terminate()
             server.wait(30)
             log.close()
     lat = sorted(x for r in results for x in r["latencies"])
     acks = sum(r["acks"] for r in results)
     welcomed = sum(r["welcomed"] for r in results)
+    spent = cpu1 - cpu0
     return {
         "nodes": n,
         "welcomed": welcomed,
         "heartbeats": acks,
-        "cpu_per_heartbeat_ms": (cpu1 - cpu0) / max(acks, 1) * 1000,
-        "server_core_share": (cpu1 - cpu0) / window,
-        "python_share": (threads1.get("python", 0) - threads0.get("python", 0)) / max(cpu1 - cpu0, 1e-9),
+        "cpu_per_heartbeat_ms": spent / max(acks, 1) * 1000,
+        "server_core_share": spent / window,
+        "python_share": (threads1.get("python", 0) - threads0.get("python", 0)) / max(spent, 1e-9),
         "rss_per_node_kib": (rss - rss_idle) / max(welcomed, 1) / 1024,
         "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
         "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan"),
@@ -217,7 +253,8 @@ def main() -> None:
     p.add_argument("--server", help=argparse.SUPPRESS)
     p.add_argument("--server-key", help=argparse.SUPPRESS)
     p.add_argument("--secrets", help=argparse.SUPPRESS)
-    p.add_argument("--warmup", type=float, default=10.0, help=argparse.SUPPRESS)
+    p.add_argument("--meet", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker_main(args)
