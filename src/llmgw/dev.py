@@ -42,7 +42,6 @@ from llmgw.router.service import serve_router
 from llmgw.server.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request
-from llmgw.transport.messages import DesiredSet
 
 log = logging.getLogger(__name__)
 
@@ -196,35 +195,21 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
 # ---- engines: stopped before dev exits ----
 
 
-class DevAgent(Agent):
-    """The agent, except that its engines are stopped with it (see `stop_engines`)."""
+async def stop_engines(agent: Agent, root: Path) -> None:
+    """Stop every engine through the agent; return when that is done or no engine process
+    of this run is left, whichever comes first (the caller bounds the wait)."""
+    async with trio.open_nursery() as nursery:
 
-    stopping = False
-
-    async def _on_desired(self, desired: DesiredSet) -> None:
-        if self.stopping:
-            log.debug("stopping: ignored desired set generation %d", desired.generation)
-            return
-        await super()._on_desired(desired)
-
-    async def stop_engines(self, root: Path) -> None:
-        """Ignore the server from now on and stop every engine through the supervisor.
-
-        Returns when the supervisor is done or no engine process of this run is left,
-        whichever comes first (the caller bounds the wait)."""
-        self.stopping = True
-        async with trio.open_nursery() as nursery:
-
-            async def stop_all() -> None:
-                await self.supervisor.apply(())
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(stop_all)
-            while True:
-                await trio.sleep(0.1)
-                if not engine_pids(root):  # a process gone is an engine stopped
-                    break
+        async def stop_all() -> None:
+            await agent.stop_engines()
             nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_all)
+        while True:
+            await trio.sleep(0.1)
+            if not engine_pids(root):  # a process gone is an engine stopped
+                break
+        nursery.cancel_scope.cancel()
 
 
 def engine_pids(root: Path) -> list[int]:
@@ -397,7 +382,7 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
         nursery.start_soon(watch)
         bound = await nursery.start(serve_server, server_cfg)
         log.info("dev server on %s", bound)
-        agent = DevAgent(agent_cfg)
+        agent = Agent(agent_cfg)
         await nursery.start(agent.serve)
         _say(describe_setup(agent, opts))
 
@@ -413,7 +398,7 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
         nursery.start_soon(bring_up, files, opts, router)
         await stop.wait()
         with trio.move_on_after(ENGINE_STOP_TIMEOUT + 5) as scope:
-            await agent.stop_engines(files.root)
+            await stop_engines(agent, files.root)
         if scope.cancelled_caught:
             log.warning("engines did not stop within %gs", ENGINE_STOP_TIMEOUT + 5)
         # Let the server record the engines' exits (kept with --state-dir) before it stops.

@@ -50,6 +50,7 @@ class Agent:
         self._send, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
         self.supervisor = Supervisor(config, self._on_report, python=python)
         self._rediscover = trio.Event()
+        self._engines_stopped = False
 
     def _post(self, msg: Message) -> None:
         # While disconnected nothing is lost by dropping: the next Hello carries it all.
@@ -67,7 +68,18 @@ class Agent:
                      self.supervisor.reports())
 
     async def _on_desired(self, desired: DesiredSet) -> None:
+        if self._engines_stopped:
+            log.debug("engines stopped with the agent: ignored desired set %d", desired.generation)
+            return
         await self.supervisor.apply(desired.engines)
+
+    async def stop_engines(self) -> None:
+        """Stop every engine and ignore the server's desired sets from now on.
+
+        Not what a node agent does (its engines outlive it); `llmgw dev`, whose engines
+        must end with it, does."""
+        self._engines_stopped = True
+        await self.supervisor.apply(())
 
     def _on_connected(self) -> None:
         # Anything queued while disconnected is older than the Hello just sent.

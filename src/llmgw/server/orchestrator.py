@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 ADMIN = frozenset({"admin"})
 READERS = frozenset({"admin", "router"})
+PASS_GAP = 0.05  # seconds, at least, between reconcile passes
 LOGS_TIMEOUT = 5.0  # seconds to wait for a node to send an engine's log tail
 
 
@@ -168,15 +169,19 @@ class Orchestrator:
                 rows = [(n.info, n.inventory, n.last_seen) for n in nodes.values()]
                 await trio.to_thread.run_sync(self.store.put_nodes, rows)
             before = (self.replicas, self.floor)
+            started = trio.current_time()
             out, events = await self.run_pass(clock())
+            cost = trio.current_time() - started
             if events or (self.replicas, self.floor) != before:
                 # Persist before telling anyone: what a node is asked to run survives a crash.
                 await trio.to_thread.run_sync(functools.partial(
                     self.store.save_replicas, self.replicas, events=events,
                     generation_floor=self.floor))
             send(out)
-            # Coalesce bursts (fifty engines reporting ready) into one pass.
-            await trio.sleep(0.05)
+            # Coalesce bursts (fifty engines reporting ready, ten thousand agents saying
+            # Hello after a restart) into one pass, and keep passes to a third of the time
+            # however large the cluster: heartbeats come first.
+            await trio.sleep(max(PASS_GAP, 2 * cost))
 
     # ---- ctl ops (async: they write the store before answering) ----
 
