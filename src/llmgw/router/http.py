@@ -17,6 +17,7 @@ connection will not be reused) and sent with `sockio.send_all`.
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 from http import HTTPStatus
@@ -35,6 +36,8 @@ _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 # Control characters other than tab, and CR or LF that are not a CRLF pair.
 _CTL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 _REASON = {int(s): s.phrase.encode() for s in HTTPStatus}
+
+log = logging.getLogger(__name__)
 
 
 class TooLarge(Exception):
@@ -125,8 +128,8 @@ class ClientConn:
                     break  # idle: treated as the client gone
                 if self.waiter is None:
                     self.waiting_since = trio.current_time()  # busy serving: look again later
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("client connection ended: %s", exc)  # the same as EOF for us
         self.eof = True
         if self.waiter is not None:
             reschedule(self.waiter)

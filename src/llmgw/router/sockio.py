@@ -16,10 +16,13 @@ socket (trio.lowlevel.notify_closing) before closing it.
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 
 import trio
 from trio.lowlevel import checkpoint, notify_closing, wait_readable, wait_writable
+
+log = logging.getLogger(__name__)
 
 RECV = 65536
 YIELD_EVERY = 24
@@ -38,8 +41,8 @@ def adopt(stream: trio.SocketStream) -> socket.socket:
 def set_nodelay(sock: socket.socket) -> None:
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:  # not TCP (unix sockets) or already closed
-        pass
+    except OSError as exc:  # not TCP (unix sockets) or already closed
+        log.debug("TCP_NODELAY not set: %s", exc)
 
 
 def close(sock: socket.socket) -> None:
@@ -48,12 +51,9 @@ def close(sock: socket.socket) -> None:
         return
     try:
         notify_closing(sock)
-    except (OSError, ValueError):
-        pass
-    try:
         sock.close()
-    except OSError:
-        pass
+    except (OSError, ValueError) as exc:
+        log.debug("closing a socket: %s", exc)
 
 
 def _error(exc: OSError) -> Exception:

@@ -20,7 +20,7 @@ def _bus(g: Gpu) -> int:
         if len(parts) == 2:
             return int(parts[0], 16)
     except ValueError:
-        pass
+        return 0  # unreadable: ranks as "far" from everything, never an error
     return 0
 
 
