@@ -189,7 +189,8 @@ async def test_kill_replica_under_load(engines: list[SimEngineProcess], nursery:
         try:
             if i % 2:
                 text = ""
-                for ev in c.completions.create(model=MODEL, prompt="p", max_tokens=40, stream=True):
+                # Long enough (1 s at 200 tokens/s) to be in flight when the replica dies.
+                for ev in c.completions.create(model=MODEL, prompt="p", max_tokens=200, stream=True):
                     text += ev.choices[0].text if ev.choices else ""
                 results.append("stream-ok")
             else:
@@ -202,7 +203,9 @@ async def test_kill_replica_under_load(engines: list[SimEngineProcess], nursery:
         async with trio.open_nursery() as n:
             for i in range(16):
                 n.start_soon(in_thread, one, i)
-            await trio.sleep(0.1)
+            # Kill only once the doomed replica is busy, however slowly the threads start.
+            while await running(engines[0].url) < 3:
+                await trio.sleep(0.02)
             engines[0].stop()
     assert len(results) == 16
     # Non-streamed requests were retried on the survivor; streams in flight on the killed
