@@ -124,7 +124,8 @@ def test_place_lose_return_restart_drain(rig: Rig, tmp_path: Path) -> None:
     c.wait_states({"a1": "ready", "a2": "ready", "a3": "ready"}, timeout=20)
     reconnected = time.monotonic()
     wait_for(lambda: len(rig.ready()) == 3, 10, "all ready after the server restart")
-    assert time.monotonic() - reconnected < 3.0  # within about one heartbeat of reconnecting
+    # Within about one heartbeat of reconnecting (1 s here), with room for a busy machine.
+    assert time.monotonic() - reconnected < 4.0
     assert engine_pids(tmp_path) == before
     assert {k: v["generation"] for k, v in rig.replicas().items()} == gens
 
