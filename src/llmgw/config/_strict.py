@@ -256,6 +256,14 @@ def structure(conv: Converter, data: Mapping[str, Any], cl: type[T], *, source: 
         raise ConfigError(source, format_path(path), msg) from None
 
 
+def structure_file(conv: Converter, data: Mapping[str, Any], cl: type[T], *, path: str) -> T:
+    """`data`, read from `path`, into `cl` with its `source` set to `path`. `source` is
+    ours to set: a file that names it has an unknown key."""
+    if "source" in data:
+        raise ConfigError(path, "source", f"unknown key, with value {describe(data['source'])}")
+    return attrs.evolve(structure(conv, data, cl, source=path), source=path)  # type: ignore[misc]
+
+
 # ---------------------------------------------------------------- reading files
 
 

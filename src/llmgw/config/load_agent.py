@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-import attrs
 from cattrs import Converter
 from cattrs.gen import make_dict_structure_fn
 
@@ -22,13 +21,12 @@ from llmgw.config._strict import (
     describe,
     make_converter,
     read_yaml,
-    structure,
+    structure_file,
 )
 from llmgw.config.agent import AgentConfig, ModelDirConfig
 from llmgw.errors import ConfigError
 
 LAUNCH_MODES = ("ray", "mp")
-_INTERNAL_KEYS = ("source",)
 
 
 @cache
@@ -54,9 +52,6 @@ def _converter() -> Converter:
 def load_agent_config(path: str) -> AgentConfig:
     """Read and check an agent configuration file. Raises ConfigError."""
     data = read_yaml(path)
-    for key in _INTERNAL_KEYS:
-        if key in data:
-            raise ConfigError(path, key, f"unknown key, with value {describe(data[key])}")
     if "model_dirs" in data and data["model_dirs"] in (None, [], ()):
         raise ConfigError(
             path,
@@ -66,8 +61,7 @@ def load_agent_config(path: str) -> AgentConfig:
         )
     if "node_id" not in data:
         data = {**data, "node_id": socket.gethostname()}
-    cfg = structure(_converter(), data, AgentConfig, source=path)
-    cfg = attrs.evolve(cfg, source=path)
+    cfg = structure_file(_converter(), data, AgentConfig, path=path)
     _check(path, cfg)
     return cfg
 

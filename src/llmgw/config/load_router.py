@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from functools import cache
 
-import attrs
 from cattrs import Converter
 
 from llmgw.config._strict import (
@@ -12,15 +11,12 @@ from llmgw.config._strict import (
     check_key_file,
     check_readable_file,
     check_tcp_address,
-    describe,
     make_converter,
     read_toml,
-    structure,
+    structure_file,
 )
 from llmgw.config.router import POLICIES, RouterConfig
 from llmgw.errors import ConfigError
-
-_INTERNAL_KEYS = ("source",)
 
 
 @cache
@@ -31,11 +27,7 @@ def _converter() -> Converter:
 def load_router_config(path: str) -> RouterConfig:
     """Read and check a router configuration file. Raises ConfigError."""
     data = read_toml(path)
-    for key in _INTERNAL_KEYS:
-        if key in data:
-            raise ConfigError(path, key, f"unknown key, with value {describe(data[key])}")
-    cfg = structure(_converter(), data, RouterConfig, source=path)
-    cfg = attrs.evolve(cfg, source=path)
+    cfg = structure_file(_converter(), data, RouterConfig, path=path)
     _check(path, cfg)
     return cfg
 

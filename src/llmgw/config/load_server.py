@@ -8,22 +8,19 @@ from __future__ import annotations
 import os
 from functools import cache
 
-import attrs
 from cattrs import Converter
 
 from llmgw.config._strict import (
     check_tcp_address,
-    describe,
     make_converter,
     read_toml,
-    structure,
+    structure_file,
 )
 from llmgw.config.server import ServerConfig
 from llmgw.errors import ConfigError
 
 SERVER_SECRET = "server.key_secret"
 AUTHORIZED = "authorized"
-_INTERNAL_KEYS = ("source",)
 
 
 @cache
@@ -34,11 +31,7 @@ def _converter() -> Converter:
 def load_server_config(path: str) -> ServerConfig:
     """Read and check a server configuration file. Raises ConfigError."""
     data = read_toml(path)
-    for key in _INTERNAL_KEYS:
-        if key in data:
-            raise ConfigError(path, key, f"unknown key, with value {describe(data[key])}")
-    cfg = structure(_converter(), data, ServerConfig, source=path)
-    cfg = attrs.evolve(cfg, source=path)
+    cfg = structure_file(_converter(), data, ServerConfig, path=path)
     _check(path, cfg)
     return cfg
 
