@@ -13,9 +13,10 @@ import trio
 
 from fakes.engines import free_port
 from fakes.live import engine_pids, kill_engines
+from fakes.supervision import Reports
 from fakes.supervisor_proc import config
 from llmgw.agent.supervisor import Supervisor
-from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
+from llmgw.model.engine import EngineKind, EngineSpec, EngineState, GangSpec
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 
@@ -34,28 +35,9 @@ def member(rank: int, rendezvous: int, port: int) -> EngineSpec:
     )
 
 
-class Log:
-    def __init__(self) -> None:
-        self.seen: list[EngineReport] = []
-
-    def __call__(self, r: EngineReport) -> None:
-        self.seen.append(r)
-
-    def states(self) -> list[EngineState]:
-        return [r.state for r in self.seen]
-
-    async def wait(self, state: EngineState, timeout: float = 20) -> EngineReport:
-        with trio.fail_after(timeout):
-            while True:
-                for r in self.seen:
-                    if r.state is state:
-                        return r
-                await trio.sleep(0.05)
-
-
 async def test_mp_gang_ready_only_with_both_members_and_dies_with_rank_1(root: Path) -> None:
     rendezvous = free_port()
-    head, other = Log(), Log()
+    head, other = Reports(), Reports()
     sup0 = Supervisor(config(str(root / "node-0")), head)
     sup1 = Supervisor(config(str(root / "node-1")), other)
     async with trio.open_nursery() as nursery:
@@ -66,13 +48,13 @@ async def test_mp_gang_ready_only_with_both_members_and_dies_with_rank_1(root: P
         await trio.sleep(2.0)
         assert EngineState.READY not in head.states()
         await sup1.apply((member(1, rendezvous, free_port()),))
-        await head.wait(EngineState.READY)
+        await head.wait("gang-0", EngineState.READY, 20)
         (rank1_pid,) = [pid for pid, tag in engine_pids(root / "node-1").items()
                         if tag.startswith("gang-0")]
         os.kill(rank1_pid, signal.SIGKILL)
-        await other.wait(EngineState.EXITED)
+        await other.wait("gang-0", EngineState.EXITED, 20)
         # The head loses its gang: its health fails and it is reported, then it exits.
-        bad = await head.wait(EngineState.UNHEALTHY)
+        bad = await head.wait("gang-0", EngineState.UNHEALTHY, 20)
         assert bad.replica_id == "gang-0"
         await sup0.apply(())
         await sup1.apply(())

@@ -9,8 +9,6 @@ time, every wait bounded.
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import random
 import shutil
@@ -26,6 +24,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from fakes.engines import free_port
+from fakes.supervision import Reports, chat
 from llmgw.agent import procs
 from llmgw.agent.engines import build_plan, count_ray_nodes
 from llmgw.agent.supervisor import Supervisor
@@ -37,41 +37,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 pytest.importorskip("ray", reason="needs the optional ray package: pip install 'llmgw[ray]'")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakes.engines import free_port  # noqa: E402
 
 RAY_BIN = str(Path(sys.executable).parent / "ray")
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000", "LLMGW_SIM_LOAD_SECONDS": "0.5"}
 STARTUP = 150.0  # seconds for two Ray nodes and the engine on a small, busy machine
 STOP = 30.0  # supervisor stop_timeout: SIGTERM, then SIGKILL to the session
-
-
-class Reports:
-    def __init__(self) -> None:
-        self.seen: list[EngineReport] = []
-
-    def __call__(self, r: EngineReport) -> None:
-        self.seen.append(r)
-
-    async def wait(self, rid: str, state: EngineState, timeout: float) -> EngineReport:
-        with trio.fail_after(timeout):
-            while True:
-                for r in reversed(self.seen):
-                    if r.replica_id == rid and r.state is state:
-                        return r
-                await trio.sleep(0.1)
-
-
-def chat(port: int, name: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    finally:
-        conn.close()
 
 
 def _bindable(port: int) -> bool:

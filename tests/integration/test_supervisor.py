@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
@@ -20,12 +19,13 @@ from attrs import evolve
 from cattrs.preconf.json import make_converter
 
 from fakes.engines import free_port
+from fakes.supervision import Reports, chat
 from fakes.supervisor_proc import config
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchPlan, ProcessPlan
 from llmgw.agent.records import EngineRecord, read_records, write_record
 from llmgw.agent.supervisor import Supervisor
-from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState
+from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 SUPERVISOR_PROC = str(Path(__file__).resolve().parents[1] / "fakes" / "supervisor_proc.py")
@@ -82,38 +82,6 @@ def prefix() -> Iterator[str]:
 def spec(rid: str, port: int, gen: int = 1, **env: str) -> EngineSpec:
     return EngineSpec(rid, gen, "dep", "org/sim", f"m-{rid}", EngineKind.SIMULATED, (), port,
                       env={**FAST, **env}, startup_timeout=30)
-
-
-class Reports:
-    def __init__(self) -> None:
-        self.seen: list[EngineReport] = []
-
-    def __call__(self, r: EngineReport) -> None:
-        self.seen.append(r)
-
-    def last(self, rid: str) -> EngineReport | None:
-        mine = [r for r in self.seen if r.replica_id == rid]
-        return mine[-1] if mine else None
-
-    async def wait(self, rid: str, state: EngineState, timeout: float = 15) -> EngineReport:
-        with trio.fail_after(timeout):
-            while True:
-                for r in reversed(self.seen):
-                    if r.replica_id == rid and r.state is state:
-                        return r
-                await trio.sleep(0.05)
-
-
-def chat(port: int, name: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    finally:
-        conn.close()
 
 
 async def test_engines_outlive_supervisor_and_are_adopted(tmp_path: Path, prefix: str) -> None:
