@@ -45,7 +45,6 @@ SAMPLES: list[messages.Message] = [
     messages.LogsRequest("q", "d-0", 50),
     messages.Request(1, "q", "status", {"x": [1, 2]}),
     messages.Reply("q", True, {"nodes": []}),
-    messages.EndpointTable(3, {"m": [{"replica_id": "d-0", "url": "http://x:1", "ready": True}]}),
 ]
 
 

@@ -28,7 +28,7 @@ from llmgw.model.node import NodeState
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
 from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
-from llmgw.server.status import deployment_rows, describe_deployment, replica_rows
+from llmgw.server.status import deployment_rows, describe_deployment, node_rows, replica_rows
 from llmgw.server.store import Store, StoredEvent
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 
@@ -239,7 +239,7 @@ class Orchestrator:
         if what == "replicas":
             return replica_rows(self)
         if what == "nodes":
-            return self.cp.status(now)["nodes"]
+            return node_rows(self.cp, now)
         raise RequestError(f"cannot get {what!r}: deployments, replicas or nodes")
 
     async def op_describe(self, peer: Peer, params: dict[str, Any], now: float) -> Any:

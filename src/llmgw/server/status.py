@@ -8,6 +8,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.inventory import Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.fabrics import fabric_view, islands
+from llmgw.server.store import plain
 
 if TYPE_CHECKING:
     from llmgw.server.control import ControlPlane, Node
@@ -53,6 +54,10 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "storage": _storage(inv.storage),
         "warnings": list(inv.warnings),
     }
+
+
+def node_rows(cp: ControlPlane, now: float) -> list[dict[str, Any]]:
+    return [node_view(n, now) for n in sorted(cp.nodes.values(), key=lambda n: n.node_id)]
 
 
 def status_view(cp: ControlPlane, now: float) -> dict[str, Any]:
@@ -118,13 +123,11 @@ def deployment_rows(o: Orchestrator) -> list[dict[str, Any]]:
 
 
 def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent]) -> dict[str, Any]:
-    from llmgw.server.store import _conv
-
     mine = sorted((r for r in o.replicas.values() if r.deployment == d.name), key=lambda r: r.id)
     row = next(r for r in deployment_rows(o) if r["name"] == d.name)
     return {
         **row,
-        "spec": _conv.unstructure(d, Deployment),
+        "spec": plain(d, Deployment),
         "replica_list": [replica_row(r) for r in mine],
         "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],

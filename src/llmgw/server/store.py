@@ -78,6 +78,11 @@ def _dump(obj: Any, cls: type) -> str:
     return json.dumps(_conv.unstructure(obj, cls), separators=(",", ":"), sort_keys=True)
 
 
+def plain(obj: Any, cls: type) -> Any:
+    """`obj` as plain data (dicts, lists, strings, numbers), the way the store keeps it."""
+    return _conv.unstructure(obj, cls)
+
+
 def _load(text: str, cls: type[T]) -> T:
     return _conv.structure(json.loads(text), cls)
 

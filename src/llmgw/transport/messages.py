@@ -2,8 +2,8 @@
 
 The codec (codec.py) encodes them as a msgpack map with a `kind` tag. Agents speak
 Hello/Heartbeat/InventoryChanged/EngineChanged/LogsReply; the server answers with
-Welcome/Refused/HeartbeatAck/DesiredSet/Rediscover/LogsRequest. ctl and the router send
-Request and get Reply; the server may also push EndpointTable to subscribed routers.
+Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest. ctl and the
+router send Request and get Reply (the router polls the "endpoints" op).
 """
 
 from __future__ import annotations
@@ -115,17 +115,6 @@ class Reply:
     error: str = ""
 
 
-@frozen
-class EndpointTable:
-    """Pushed to routers that asked for the table: a whole versioned snapshot."""
-
-    version: int
-    # served_name -> list of {"replica_id", "url", "ready"} mappings
-    models: dict[str, list[dict[str, Any]]] = field(factory=dict)
-
-
-AgentMessage = Hello | Heartbeat | InventoryChanged | EngineChanged | LogsReply
-ServerToAgent = Welcome | Refused | HelloFirst | HeartbeatAck | DesiredSet | Rediscover | LogsRequest
 Message = (
     Hello
     | Heartbeat
@@ -141,5 +130,4 @@ Message = (
     | LogsRequest
     | Request
     | Reply
-    | EndpointTable
 )
