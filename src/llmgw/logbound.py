@@ -71,14 +71,15 @@ class Throttle:
         key: Hashable,
         fmt: str,
         *args: object,
+        exc_info: bool = False,
     ) -> bool:
         """Log `fmt % args` (each argument clipped) unless `key` is over its rate."""
         ok, held = self.allow(key)
         if not ok:
             return False
-        clipped = tuple(clip(a) for a in args)
+        clipped = tuple(a if isinstance(a, int | float) else clip(a) for a in args)
         if held:
-            logger.log(level, fmt + " (%d more like this not logged)", *clipped, held)
+            logger.log(level, fmt + " (%d more like this not logged)", *clipped, held, exc_info=exc_info)
         else:
-            logger.log(level, fmt, *clipped)
+            logger.log(level, fmt, *clipped, exc_info=exc_info)
         return True

@@ -4,6 +4,8 @@ import typing
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmgw.errors import ProtocolError
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
@@ -66,10 +68,96 @@ def test_round_trip(msg: messages.Message) -> None:
         (msgpack.packb({"kind": "launch_missiles"}), "unknown message kind"),
         (msgpack.packb({"seq": 1}), "unknown message kind None"),
         (msgpack.packb({"kind": "heartbeat", "seq": "one"}), "bad heartbeat"),
-        (msgpack.packb({"kind": "heartbeat", "seq": 1, "extra": 1}), "extra fields"),
+        (msgpack.packb({"kind": "heartbeat", "seq": 1, "extra": 1}), "(?i)extra fields"),
         (msgpack.packb({"kind": "refused"}), "bad refused"),
     ],
 )
 def test_bad_bytes_are_protocol_errors(data: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         codec.decode(data)
+
+
+# ---- decode is total: whatever bytes, a Message or a ProtocolError ----
+
+_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _decodes_or_protocol_error(data: bytes) -> None:
+    try:
+        codec.decode(data)
+    except ProtocolError as exc:
+        assert len(str(exc)) < 2000  # error text ends up in log lines: bounded
+    # Anything else propagates and fails the test.
+
+
+@pytest.mark.parametrize(
+    "kind", [[], {}, [1, 2], {"a": 1}, 1, None, b"hello", 1.5, True, "x" * 100_000],
+    ids=lambda k: type(k).__name__,
+)
+def test_unhashable_or_odd_kinds_are_protocol_errors(kind: object) -> None:
+    with pytest.raises(ProtocolError, match="unknown message kind"):
+        codec.decode(msgpack.packb({"kind": kind}))
+
+
+def test_deep_nesting_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        codec.decode(b"\x91" * 100_000 + b"\xc0")
+    with pytest.raises(ProtocolError):
+        codec.decode(b"\x81\xa4kind\xa5hello" + b"\x81\xa1a" * 50_000 + b"\xc0")
+
+
+@given(st.binary(max_size=512))
+@settings(max_examples=2000, deadline=None, database=None)
+def test_random_bytes(data: bytes) -> None:
+    _decodes_or_protocol_error(data)
+
+
+@given(st.sampled_from(SAMPLES), st.data())
+@settings(max_examples=2000, deadline=None, database=None)
+def test_mutated_bytes(msg: messages.Message, data: st.DataObject) -> None:
+    raw = bytearray(codec.encode(msg))
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        i = data.draw(st.integers(0, max(0, len(raw) - 1)))
+        if op == "flip" and raw:
+            raw[i] ^= data.draw(st.integers(1, 255))
+        elif op == "insert":
+            raw[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+        elif op == "delete" and raw:
+            del raw[i]
+        else:
+            del raw[i:]
+    _decodes_or_protocol_error(bytes(raw))
+
+
+@given(st.sampled_from(SAMPLES), st.data())
+@settings(max_examples=2000, deadline=None, database=None)
+def test_mutated_structure(msg: messages.Message, data: st.DataObject) -> None:
+    """Valid maps with one value replaced, a key dropped or one added, at any depth."""
+    tree = msgpack.unpackb(codec.encode(msg))
+
+    def mutate(node: object) -> object:
+        if isinstance(node, dict) and node and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(node, key=repr)))
+            op = data.draw(st.sampled_from(["replace", "drop", "add", "descend"]))
+            if op == "replace":
+                node[key] = data.draw(_values)
+            elif op == "drop":
+                del node[key]
+            elif op == "add":
+                node[data.draw(st.text(max_size=8))] = data.draw(_values)
+            else:
+                node[key] = mutate(node[key])
+            return node
+        if isinstance(node, list) and node:
+            i = data.draw(st.integers(0, len(node) - 1))
+            node[i] = mutate(node[i]) if data.draw(st.booleans()) else data.draw(_values)
+            return node
+        return data.draw(_values)
+
+    _decodes_or_protocol_error(msgpack.packb(mutate(tree), use_bin_type=True))

@@ -21,6 +21,7 @@ from llmgw.model.node import NodeState
 from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.service import run_plane
 from llmgw.transport import codec
+from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import DesiredSet, Hello, Message
 
 
@@ -74,6 +75,11 @@ class MemNetwork:
         return connect
 
 
+def auth(*uids: str) -> dict[str, KeyInfo]:
+    """Authorized keys for the in-memory network, whose "key" is the string it is given."""
+    return {u: KeyInfo(u.partition(":")[2], u.partition(":")[0], u.encode()) for u in uids}
+
+
 CONFIG = ServerConfig(heartbeat_interval=5.0, suspect_after_missed=3, lost_after=60.0)
 SETTINGS = LinkSettings(heartbeat_interval=5.0, reconnect_base=1.0, reconnect_max=30.0)
 
@@ -96,7 +102,7 @@ def outbox() -> trio.MemoryReceiveChannel[Message]:
 
 async def test_ready_suspect_lost_ready(autojump_clock: trio.testing.MockClock) -> None:
     net = MemNetwork()
-    cp = ControlPlane(config=CONFIG, authorized={"node:gpu-a-01"})
+    cp = ControlPlane(config=CONFIG, authorized=auth("node:gpu-a-01"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_plane, cp, net)
         nursery.start_soon(serve_link, SETTINGS, net.connector("node:gpu-a-01"),
@@ -109,21 +115,24 @@ async def test_ready_suspect_lost_ready(autojump_clock: trio.testing.MockClock) 
 
         net.up = False
         t0 = trio.current_time()
-        while cp.nodes["gpu-a-01"].state is NodeState.READY:
-            await trio.sleep(0.5)
+        with trio.fail_after(100):
+            while cp.nodes["gpu-a-01"].state is NodeState.READY:
+                await trio.sleep(0.5)
         silent = trio.current_time() - t0
         # Three missed heartbeats (the last one heard up to one interval before the cut).
         assert 10.0 <= silent <= 17.0
         assert cp.nodes["gpu-a-01"].state is NodeState.SUSPECT
-        while cp.nodes["gpu-a-01"].state is NodeState.SUSPECT:
-            await trio.sleep(0.5)
+        with trio.fail_after(100):
+            while cp.nodes["gpu-a-01"].state is NodeState.SUSPECT:
+                await trio.sleep(0.5)
         assert cp.nodes["gpu-a-01"].state is NodeState.LOST
         assert 55.0 <= trio.current_time() - t0 <= 62.0
 
         net.up = True
         t1 = trio.current_time()
-        while cp.nodes["gpu-a-01"].state is not NodeState.READY:
-            await trio.sleep(0.5)
+        with trio.fail_after(100):
+            while cp.nodes["gpu-a-01"].state is not NodeState.READY:
+                await trio.sleep(0.5)
         # Reconnects are spaced by at most reconnect_max plus the Hello timeout.
         assert trio.current_time() - t1 <= 30.0 + 15.0 + 1.0
         nursery.cancel_scope.cancel()
@@ -159,7 +168,7 @@ def test_backoff_never_exceeds_cap_nor_reaches_zero() -> None:
 
 async def test_refusal_is_final(autojump_clock: trio.testing.MockClock) -> None:
     net = MemNetwork()
-    cp = ControlPlane(config=CONFIG, authorized={"node:gpu-a-01"})
+    cp = ControlPlane(config=CONFIG, authorized=auth("node:gpu-a-01"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_plane, cp, net)
         with pytest.raises(RefusedError, match="bound to node 'gpu-a-01'"):
@@ -173,7 +182,7 @@ async def test_server_forgets_session_agent_says_hello_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     net = MemNetwork()
-    cp = ControlPlane(config=CONFIG, authorized={"node:gpu-a-01"})
+    cp = ControlPlane(config=CONFIG, authorized=auth("node:gpu-a-01"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_plane, cp, net)
         nursery.start_soon(serve_link, SETTINGS, net.connector("node:gpu-a-01"),
@@ -189,7 +198,7 @@ async def test_server_forgets_session_agent_says_hello_again(
 async def test_newest_desired_set_wins(autojump_clock: trio.testing.MockClock) -> None:
     net = MemNetwork()
     got: list[DesiredSet] = []
-    cp = ControlPlane(config=CONFIG, authorized={"node:n"})
+    cp = ControlPlane(config=CONFIG, authorized=auth("node:n"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_plane, cp, net)
         nursery.start_soon(serve_link, SETTINGS, net.connector("node:n"), hooks("n", got), outbox())

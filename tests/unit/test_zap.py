@@ -4,7 +4,7 @@ import zmq
 from zmq.utils import z85
 
 from llmgw.transport.keys import KeyInfo
-from llmgw.transport.zap import split_user_id, zap_reply
+from llmgw.transport.zap import zap_reply
 
 PUB, _ = zmq.curve_keypair()
 KNOWN = {PUB: KeyInfo("gpu-a-01", "node", PUB)}
@@ -14,10 +14,10 @@ def request(mechanism: bytes = b"CURVE", key: bytes = PUB) -> list[bytes]:
     return [b"1.0", b"7", b"llmgw", b"127.0.0.1", b"", mechanism, z85.decode(key)]
 
 
-def test_known_key_gets_role_and_identity() -> None:
+def test_known_key_gets_its_public_key_as_user_id() -> None:
     reply = zap_reply(request(), KNOWN.get)
     assert reply[:4] == [b"1.0", b"7", b"200", b"OK"]
-    assert split_user_id(reply[4].decode()) == ("node", "gpu-a-01")
+    assert reply[4] == PUB  # the server looks the key up per message, never trusts a name
 
 
 def test_unknown_key_refused() -> None:

@@ -1,30 +1,39 @@
 """The server's sessions with its peers, without I/O (h11-style: bytes and time in,
 messages out).
 
-Every message arrives with the User-Id that ZAP bound to the peer's key ("role:identity");
-that is the only identity trusted. A node's Hello must name the node its key was issued
-for. Requests from ctl and routers are dispatched through `ops`, a table of
-op name -> (roles allowed, handler), which later parts of the server extend.
+Every message arrives with the User-Id that ZAP bound to the connection: the public key
+that authenticated it. Each message is checked against the authorized set as it is now,
+by that key, so a revoked key stays out even when its name is issued again with a new
+key. A node's Hello must name the node its key was issued for.
+
+Nothing a peer sends is stored without a bound: engine reports only for replicas the
+node was asked to run or reported at Hello, log tails cut to TAIL_BYTES; and every log
+line that carries peer text is clipped and rate-limited per peer (llmgw.logbound).
+
+Requests from ctl and routers are dispatched through `ops`, a table of op name ->
+(roles allowed, handler), which later parts of the server extend.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from attrs import define, field
+from attrs import define, evolve, field
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError, ProtocolError
+from llmgw.logbound import Throttle, clip
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.node_states import NodeEvent, next_state, silence_event
 from llmgw.server.status import status_view
 from llmgw.transport import codec
+from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (
     EngineChanged,
     Heartbeat,
@@ -39,7 +48,6 @@ from llmgw.transport.messages import (
     Request,
     Welcome,
 )
-from llmgw.transport.zap import split_user_id
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,12 @@ Outgoing = tuple[bytes, Message]  # (routing id, message)
 # A handler returns its result, or an awaitable of it (ops that write the store).
 OpHandler = Callable[["Peer", dict[str, Any], float], Any]
 Deferred = tuple[bytes, str, Awaitable[Any]]  # routing id, request id, the work
+
+# The most of one engine's log tail kept from a report (the newest lines), and of one line.
+TAIL_BYTES = 32 * 1024
+TAIL_LINE = 1024
+# The most engines one Hello may report (a node runs a few per GPU at most).
+MAX_HELLO_ENGINES = 1024
 
 
 class RequestError(LlmgwError):
@@ -58,6 +72,7 @@ class Peer:
     routing_id: bytes
     role: str
     identity: str
+    key: str = ""  # the z85 public key that authenticated this connection
 
 
 @define
@@ -70,14 +85,16 @@ class Node:
     routing_id: bytes
     engines: dict[str, EngineReport] = field(factory=dict)
     connected: bool = True  # has a live session (cut on revocation)
+    key: str = ""  # the public key of the live session; its messages alone are the node's
 
 
 @define
 class ControlPlane:
     config: ServerConfig
     nodes: dict[str, Node] = field(factory=dict)
-    # Identities ("role:identity") currently authorized; messages from others are refused.
-    authorized: set[str] = field(factory=set)
+    # Public keys (z85) currently authorized, with their role and name; messages that
+    # arrive over a connection authenticated by any other key are refused.
+    authorized: dict[str, KeyInfo] = field(factory=dict)
     ops: dict[str, tuple[frozenset[str], OpHandler]] = field(factory=dict)
     # Called after a node's Hello ("hello"), inventory ("inventory") or engine report
     # ("engine") changes what the rest of the server knows.
@@ -93,40 +110,55 @@ class ControlPlane:
     # Called every tick with the nodes whose state changed (and their previous state).
     on_tick: Callable[[list[tuple[Node, NodeState]], float], list[Outgoing]] | None = None
     pending_logs: dict[str, Callable[[LogsReply], None]] = field(factory=dict)
-    dropped: int = 0  # messages dropped as malformed or unauthorized
+    # The replica ids a node is asked to run now (the orchestrator's desired sets).
+    desired_ids: Callable[[str], Collection[str]] = lambda node_id: ()
+    dropped: int = 0  # messages dropped as malformed, unauthorized or unexpected
+    failed: int = 0  # messages (or ticks, or requests) whose handling raised: a bug of ours
+    # Warnings a peer can cause, per (peer, what): a few, then one a minute with a count.
+    throttle: Throttle = field(factory=Throttle)
+
+    def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
+        self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
 
     def __attrs_post_init__(self) -> None:
         self.ops.setdefault("status", (frozenset({"admin"}), self._op_status))
 
     # ---- inbound ----
 
+    def role_of(self, uid: str) -> str:
+        info = self.authorized.get(uid)
+        return info.role if info is not None else ""
+
     def handle(self, routing_id: bytes, uid: str, payload: bytes, now: float) -> list[Outgoing]:
-        role, identity = split_user_id(uid)
-        if not uid or not identity:
+        if not uid:
             self.dropped += 1
-            log.warning("dropped a message without a ZAP User-Id")
+            self.warn("", "no-uid", "dropped a message without a ZAP User-Id")
             return []
-        if uid not in self.authorized:
+        info = self.authorized.get(uid)
+        if info is None:
             self.dropped += 1
-            return [(routing_id, Refused(reason=f"key for {identity!r} is not authorized (revoked?)"))]
-        peer = Peer(routing_id, role, identity)
+            self.warn(uid, "revoked", "refused a message from key %s: not authorized (revoked?)", uid)
+            return [(routing_id, Refused(reason="this key is not authorized (revoked?)"))]
+        role, identity = info.role, info.name
+        peer = Peer(routing_id, role, identity, uid)
         try:
             msg = codec.decode(payload)
         except ProtocolError as exc:
             self.dropped += 1
-            log.warning("dropped a bad message from %s: %s", uid, exc)
+            self.warn(uid, "bad", "dropped a bad message from %s %s: %s", role, identity, exc)
             return []
         if isinstance(msg, Request):
             reply = self._request(peer, msg, now)
             return [(routing_id, reply)] if reply is not None else []
         if role != "node":
             self.dropped += 1
-            log.warning("dropped %s from %s: only nodes send it", codec.kind_of(msg), uid)
+            self.warn(uid, "kind", "dropped %s from %s %s: only nodes send it", codec.kind_of(msg), role,
+                      identity)
             return []
         if isinstance(msg, Hello):
             return self._hello(peer, msg, now)
         node = self.nodes.get(identity)
-        if node is None or not node.connected:
+        if node is None or not node.connected or node.key != uid:
             return [(routing_id, HelloFirst(reason="no session; send Hello"))]
         self._heard(node, routing_id, now)
         if isinstance(msg, Heartbeat):
@@ -135,7 +167,13 @@ class ControlPlane:
             node.inventory = msg.inventory
             return self._changed(node, now, "inventory")
         if isinstance(msg, EngineChanged):
-            node.engines[msg.report.replica_id] = msg.report
+            rid = msg.report.replica_id
+            if rid not in node.engines and rid not in self.desired_ids(identity):
+                self.dropped += 1
+                self.warn(uid, "report", "dropped a report from node %s for replica %s: not asked to run "
+                          "it, nor reported at Hello", identity, rid)
+                return []
+            node.engines[rid] = bounded_report(msg.report)
             return self._changed(node, now, "engine")
         if isinstance(msg, LogsReply):
             waiter = self.pending_logs.pop(msg.request_id, None)
@@ -143,7 +181,8 @@ class ControlPlane:
                 waiter(msg)
             return []
         self.dropped += 1
-        log.warning("dropped %s from %s: not a message a node sends", codec.kind_of(msg), uid)
+        self.warn(uid, "kind", "dropped %s from node %s: not a message a node sends", codec.kind_of(msg),
+                  identity)
         return []
 
     def _hello(self, peer: Peer, msg: Hello, now: float) -> list[Outgoing]:
@@ -152,11 +191,17 @@ class ControlPlane:
             reason = f"protocol {msg.protocol} not supported; this server speaks {PROTOCOL_VERSION}"
             return [(peer.routing_id, Refused(reason=reason))]
         if claimed != peer.identity:
-            log.warning("refused Hello: key bound to %r claims node %r", peer.identity, claimed)
-            reason = f"this key is bound to node {peer.identity!r}, but Hello claims {claimed!r}"
+            self.warn(peer.key, "claim", "refused Hello: key bound to %r claims node %r", peer.identity,
+                      claimed)
+            reason = f"this key is bound to node {peer.identity!r}, but Hello claims {clip(claimed, 200)!r}"
+            return [(peer.routing_id, Refused(reason=reason))]
+        if len(msg.engines) > MAX_HELLO_ENGINES:
+            self.warn(peer.key, "claim", "refused Hello from node %s: %d engines (at most %d)", claimed,
+                      len(msg.engines), MAX_HELLO_ENGINES)
+            reason = f"Hello reports {len(msg.engines)} engines; at most {MAX_HELLO_ENGINES}"
             return [(peer.routing_id, Refused(reason=reason))]
         node = self.nodes.get(claimed)
-        engines = {r.replica_id: r for r in msg.engines}
+        engines = {r.replica_id: bounded_report(r) for r in msg.engines}
         if node is None:
             node = Node(claimed, msg.node, msg.inventory, NodeState.READY, now, peer.routing_id)
             self.nodes[claimed] = node
@@ -165,6 +210,7 @@ class ControlPlane:
             node.info, node.inventory = msg.node, msg.inventory
             node.connected = True
             self._heard(node, peer.routing_id, now)
+        node.key = peer.key
         node.engines = engines
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
         return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
@@ -186,15 +232,20 @@ class ControlPlane:
             return Reply(req.request_id, False, error=f"protocol {req.protocol} not supported")
         entry = self.ops.get(req.op)
         if entry is None:
-            return Reply(req.request_id, False, error=f"unknown request {req.op!r}")
+            return Reply(req.request_id, False, error=f"unknown request {clip(req.op, 100)!r}")
         roles, handler = entry
         if peer.role not in roles:
-            log.warning("refused %s request from %s %s", req.op, peer.role, peer.identity)
+            self.warn(peer.key, "role", "refused %s request from %s %s", req.op, peer.role, peer.identity)
             return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {req.op!r}")
         try:
             result = handler(peer, req.params, now)
         except LlmgwError as exc:
             return Reply(req.request_id, False, error=str(exc))
+        except Exception:
+            self.failed += 1
+            self.throttle.log(log, logging.ERROR, (peer.key, "failed"), "request %s from %s %s failed",
+                              req.op, peer.role, peer.identity, exc_info=True)
+            return Reply(req.request_id, False, error="internal error; see the server's log")
         if inspect.isawaitable(result):
             self.deferred.append((peer.routing_id, req.request_id, result))
             return None
@@ -220,12 +271,12 @@ class ControlPlane:
                 changed.append((node, before))
         return self.on_tick(changed, now) if self.on_tick else []
 
-    def set_authorized(self, uids: set[str]) -> list[Outgoing]:
-        """New set of authorized identities; live sessions of the others are cut."""
-        self.authorized = uids
+    def set_authorized(self, keys: dict[str, KeyInfo]) -> list[Outgoing]:
+        """New set of authorized keys; live sessions of every other key are cut."""
+        self.authorized = keys
         out: list[Outgoing] = []
         for node in self.nodes.values():
-            if node.connected and f"node:{node.node_id}" not in uids:
+            if node.connected and node.key not in keys:
                 node.connected = False
                 log.warning("node %s: key revoked, session cut", node.node_id)
                 out.append((node.routing_id, Refused(reason="this node's key was revoked")))
@@ -241,3 +292,21 @@ class ControlPlane:
 
     def _op_status(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
         return self.status(now)
+
+
+def bounded_report(report: EngineReport) -> EngineReport:
+    """The report with its log tail cut to its newest TAIL_BYTES, each line to TAIL_LINE."""
+    tail = report.log_tail
+    if not tail:
+        return report
+    kept: list[str] = []
+    size = 0
+    for line in reversed(tail):
+        line = clip(line, TAIL_LINE)
+        size += len(line) + 1
+        if size > TAIL_BYTES:
+            break
+        kept.append(line)
+    if len(kept) == len(tail) and all(a is b for a, b in zip(reversed(kept), tail, strict=True)):
+        return report
+    return evolve(report, log_tail=tuple(reversed(kept)))

@@ -71,6 +71,7 @@ class Orchestrator:
         cp.lost_not_before = now + config.restart_grace
         cp.on_node_change = self._node_changed
         cp.on_tick = self._ticked
+        cp.desired_ids = self.desired_ids
         cp.ops.update({
             "apply": (ADMIN, self.op_apply),
             "delete": (ADMIN, self.op_delete),
@@ -104,6 +105,9 @@ class Orchestrator:
         if changed or (self.next_wake is not None and now >= self.next_wake):
             self.mark_dirty()
         return []
+
+    def desired_ids(self, node_id: str) -> set[str]:
+        return {spec.replica_id for spec in self.sets.get(node_id, ())}
 
     def mark_dirty(self) -> None:
         self._dirty.set()

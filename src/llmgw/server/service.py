@@ -3,6 +3,7 @@ sans-IO ControlPlane."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import zmq
 
 from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError
+from llmgw.logbound import clip
 from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.orchestrator import Orchestrator, open_store
 from llmgw.transport import codec
@@ -66,10 +68,14 @@ class ServerTransport:
 class KeyWatcher:
     """Reloads the authorized folder when it changes (or on SIGHUP)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, clock: Callable[[], float] = time.time) -> None:
         self.folder = folder
+        self.clock = clock
         self.keys: dict[bytes, KeyInfo] = {}
         self._stamp: tuple[int, ...] = ()
+        # Called after every reload that changed the keys (whoever asked for it: the tick,
+        # a request, ZAP meeting a new key, SIGHUP).
+        self.on_change: Callable[[], None] = lambda: None
 
     def _current_stamp(self) -> tuple[int, ...]:
         # The folder's own mtime moves when a key is added, revoked (moved out) or
@@ -81,21 +87,34 @@ class KeyWatcher:
         except OSError as exc:
             log.error("cannot read %s: %s", self.folder, exc)
             return self._stamp
+        # Timestamps are as coarse as the kernel's tick: two changes within one tick leave
+        # the same mtime. So a folder changed within the last two seconds is read again
+        # until its mtime is older than that.
+        if self.clock() - st.st_mtime_ns / 1e9 < 2.0:
+            return ()
         return (st.st_mtime_ns, st.st_nlink, st.st_size)
 
     def reload_if_changed(self, force: bool = False) -> bool:
         stamp = self._current_stamp()
-        if stamp == self._stamp and not force:
+        if stamp and stamp == self._stamp and not force:
             return False
         self._stamp = stamp
-        self.keys = load_authorized(str(self.folder))
+        keys = load_authorized(str(self.folder))
+        if keys == self.keys and not force:
+            return False
+        self.keys = keys
+        self.on_change()
         return True
 
     def lookup(self, public_key: bytes) -> KeyInfo | None:
-        return self.keys.get(public_key)
+        """For ZAP: a key not known yet may have been issued a moment ago."""
+        info = self.keys.get(public_key)
+        if info is None and self.reload_if_changed():
+            info = self.keys.get(public_key)
+        return info
 
-    def uids(self) -> set[str]:
-        return {user_id(k) for k in self.keys.values()}
+    def by_key(self) -> dict[str, KeyInfo]:
+        return {user_id(k): k for k in self.keys.values()}
 
 
 async def serve_server(
@@ -108,7 +127,7 @@ async def serve_server(
     pair = load_pair(str(keys_dir / "server.key_secret"))
     watcher = KeyWatcher(keys_dir / "authorized")
     watcher.reload_if_changed(force=True)
-    cp = ControlPlane(config=config, authorized=watcher.uids())
+    cp = ControlPlane(config=config, authorized=watcher.by_key())
     cp.clock_offset = time.time() - trio.current_time()
 
     def clock() -> float:
@@ -144,15 +163,15 @@ async def serve_server(
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             transport = t = ServerTransport(TrioSocket(sock))
             await nursery.start(orchestrator.serve, t.send_all, clock)
-            nursery.start_soon(_sighup, watcher, cp, t.send_all)
+            watcher.on_change = functools.partial(_apply_keys, cp, watcher, t.send_all)
+            nursery.start_soon(_sighup, watcher)
             log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
             task_status.started(bound)
 
-            def on_tick() -> None:
-                if watcher.reload_if_changed():
-                    _apply_keys(cp, watcher, t.send_all)
+            def refresh_keys() -> None:
+                watcher.reload_if_changed()
 
-            await run_plane(cp, t, on_tick=on_tick)
+            await run_plane(cp, t, on_tick=refresh_keys, on_rare_request=refresh_keys)
     finally:
         # Only once every task that might send has finished.
         if transport is not None:
@@ -171,16 +190,28 @@ async def run_plane(
     transport: Transport,
     *,
     on_tick: Callable[[], None] | None = None,
+    on_rare_request: Callable[[], None] | None = None,
     tick_interval: float = TICK_INTERVAL,
 ) -> None:
-    """Receive and answer until cancelled, and apply silence every `tick_interval`."""
+    """Receive and answer until cancelled, and apply silence every `tick_interval`.
+
+    Whatever one message's handling raises is caught here, logged (bounded) and counted
+    in `cp.failed`: that message is dropped, the peer's session and every other peer go
+    on. `on_rare_request` runs before each message from an admin or router key (rare:
+    ctl, and each router once a second), so that a key revoked a moment ago is refused
+    on its next request, not at the next tick.
+    """
 
     async def ticker() -> None:
         while True:
             await trio.sleep(tick_interval)
-            if on_tick is not None:
-                on_tick()
-            transport.send_all(cp.tick(trio.current_time() + cp.clock_offset))
+            try:
+                if on_tick is not None:
+                    on_tick()
+                transport.send_all(cp.tick(trio.current_time() + cp.clock_offset))
+            except Exception:
+                cp.failed += 1
+                log.exception("a tick of the control plane failed")
 
     async def finish(rid: bytes, request_id: str, work: Awaitable[Any]) -> None:
         try:
@@ -188,9 +219,15 @@ async def run_plane(
         except LlmgwError as exc:
             reply = Reply(request_id, False, error=str(exc))
         except Exception:
-            log.exception("request %s failed", request_id)
+            cp.failed += 1
+            cp.throttle.log(log, logging.ERROR, (rid, "failed"), "request %s failed", request_id,
+                            exc_info=True)
             reply = Reply(request_id, False, error="internal error; see the server's log")
-        transport.send_all([(rid, reply)])
+        try:
+            transport.send_all([(rid, reply)])
+        except Exception:
+            cp.failed += 1
+            log.exception("cannot send the reply to request %s", clip(request_id, 100))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
@@ -198,7 +235,15 @@ async def run_plane(
             batch = await transport.recv_batch()
             now = trio.current_time() + cp.clock_offset
             for rid, uid, payload in batch:
-                transport.send_all(cp.handle(rid, uid, payload, now))
+                try:
+                    if on_rare_request is not None and cp.role_of(uid) != "node":
+                        on_rare_request()
+                    transport.send_all(cp.handle(rid, uid, payload, now))
+                except Exception:
+                    cp.failed += 1
+                    cp.throttle.log(log, logging.ERROR, (uid, "failed"),
+                                    "handling a message from %s failed (message dropped)", uid,
+                                    exc_info=True)
             while cp.deferred:
                 nursery.start_soon(finish, *cp.deferred.pop(0))
             # A flood must not starve the ticker or the deferred requests.
@@ -206,18 +251,17 @@ async def run_plane(
 
 
 def _apply_keys(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:
-    send_all(cp.set_authorized(watcher.uids()))
+    send_all(cp.set_authorized(watcher.by_key()))
     log.info("authorized keys reloaded: %d", len(watcher.keys))
 
 
-async def _sighup(watcher: KeyWatcher, cp: ControlPlane, send_all: Callable[[list[Outgoing]], None]) -> None:
+async def _sighup(watcher: KeyWatcher) -> None:
     if trio.lowlevel.current_root_task() is None:  # pragma: no cover
         return
     try:
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
             async for _ in signals:
                 watcher.reload_if_changed(force=True)
-                _apply_keys(cp, watcher, send_all)
     except RuntimeError:
         # Signals can only be caught on the main thread; tests may run us elsewhere.
         log.debug("SIGHUP reload unavailable off the main thread")

@@ -15,6 +15,7 @@ from cattrs.preconf.msgpack import make_converter
 from cattrs.strategies import configure_tagged_union
 
 from llmgw.errors import ProtocolError
+from llmgw.logbound import clip
 from llmgw.transport import messages
 from llmgw.transport.messages import Message
 
@@ -28,13 +29,19 @@ def _kind(cls: type) -> str:
 KINDS: dict[str, type] = {_kind(c): c for c in _MEMBERS}
 
 
-def _make() -> cattrs.Converter:
-    conv = make_converter(forbid_extra_keys=True)
+def _make(*, detailed: bool) -> cattrs.Converter:
+    conv = make_converter(forbid_extra_keys=True, detailed_validation=detailed)
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv
 
 
-converter = _make()
+# Messages are structured by a converter that stops at the first problem: collecting every
+# problem (cattrs' detailed validation) costs tens of microseconds per bad element, so a
+# few KB of garbage would cost a quarter of a second of the server's CPU.
+converter = _make(detailed=False)
+# No list or map in any message has more items than this (a node's GPUs, model copies,
+# log lines, labels); a longer one is refused by msgpack before any object is made.
+MAX_ITEMS = 4096
 
 
 def encode(msg: Message) -> bytes:
@@ -43,22 +50,34 @@ def encode(msg: Message) -> bytes:
 
 
 def decode(data: bytes) -> Message:
+    """Total: bytes from a peer -> a Message, or ProtocolError (and nothing else).
+
+    The error's text is bounded: it names the kind and the first problems, never echoes
+    a whole message back into a log line.
+    """
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_array_len=MAX_ITEMS,
+                              max_map_len=MAX_ITEMS)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"not msgpack: {type(exc).__name__}: {exc}") from None
+        raise ProtocolError(f"not msgpack: {type(exc).__name__}: {clip(exc, 200)}") from None
     if not isinstance(raw, dict):
         raise ProtocolError(f"expected a map, got {type(raw).__name__}")
     kind = raw.get("kind")
-    if kind not in KINDS:
-        raise ProtocolError(f"unknown message kind {kind!r}")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProtocolError(f"unknown message kind {clip(repr(kind), 80)}")
     try:
         return typing.cast(Message, converter.structure(raw, Message))  # type: ignore[arg-type]
-    except Exception as exc:
-        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(
-            exc, cattrs.BaseValidationError
-        ) else str(exc)
-        raise ProtocolError(f"bad {kind} message: {detail}") from None
+    except Exception as exc:  # whatever cattrs or an attrs validator raises on bad input
+        raise ProtocolError(f"bad {kind} message: {_problems(exc)}") from None
+
+
+def _problems(exc: Exception) -> str:
+    try:
+        found = cattrs.transform_error(exc) if isinstance(exc, cattrs.BaseValidationError) else [str(exc)]
+    except Exception:  # transform_error on an odd tree: the class name is enough
+        found = [type(exc).__name__]
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return clip("; ".join(clip(f, 200) for f in found[:3]) + more, 800)
 
 
 def kind_of(msg: Message) -> str:

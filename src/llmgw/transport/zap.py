@@ -1,9 +1,10 @@
 """The server's ZAP handler, as a trio task in the server's zmq context.
 
 libzmq accepts any CURVE client when no ZAP handler answers, so serve_zap must have
-started (bound) before the server binds its ROUTER. The User-Id it hands back,
-"role:identity", arrives with every message on that connection and is the only identity
-the server trusts.
+started (bound) before the server binds its ROUTER. The User-Id it hands back is the
+public key (z85) that authenticated the connection: it arrives with every message on that
+connection, and the server looks the key up in the authorized set as it is then, so what
+a connection may do follows from its key, never from a name that can be issued again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import trio
 import zmq
 
+from llmgw.logbound import Throttle, clip
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.zmqtrio import TrioSocket
 
@@ -24,12 +26,10 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
 
 def user_id(info: KeyInfo) -> str:
-    return f"{info.role}:{info.name}"
+    return info.public_key.decode()
 
 
-def split_user_id(uid: str) -> tuple[str, str]:
-    role, _, ident = uid.partition(":")
-    return role, ident
+_refusals = Throttle()
 
 
 def zap_reply(frames: list[bytes], lookup: Callable[[bytes], KeyInfo | None]) -> list[bytes]:
@@ -44,7 +44,8 @@ def zap_reply(frames: list[bytes], lookup: Callable[[bytes], KeyInfo | None]) ->
     public = zmq.utils.z85.encode(frames[6])
     info = lookup(public)
     if info is None:
-        log.warning("refused unknown key %s from %s", public.decode(), address.decode(errors="replace"))
+        _refusals.log(log, logging.WARNING, address, "refused unknown key %s from %s", public.decode(),
+                      clip(address.decode(errors="replace"), 100))
         return [b"1.0", request_id, b"400", b"unknown key", b"", b""]
     return [b"1.0", request_id, b"200", b"OK", user_id(info).encode(), b""]
 
