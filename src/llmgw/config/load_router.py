@@ -37,6 +37,8 @@ def _check(path: str, cfg: RouterConfig) -> None:
     check_tcp_address(path, "server", cfg.server)
     if cfg.max_body_bytes < 1:
         raise ConfigError(path, "max_body_bytes", f"{cfg.max_body_bytes} must be at least 1")
+    if cfg.header_timeout <= 0:
+        raise ConfigError(path, "header_timeout", f"{cfg.header_timeout:g}s must be more than 0")
     for name, route in cfg.models.items():
         if route.policy not in POLICIES:
             raise ConfigError(

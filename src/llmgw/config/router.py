@@ -36,6 +36,9 @@ class RouterConfig:
     connect_timeout: Duration = 1.0
     first_byte_timeout: Duration = 300.0
     idle_timeout: Duration = 60.0
+    # A request head (request line and header fields) must be all in within this long,
+    # from the connection for the first request, from its first byte for later ones: 408.
+    header_timeout: Duration = 10.0
     eject_for: Duration = 10.0  # a replica that failed is skipped this long
     metrics_interval: Duration = 0.25
     metrics_stale_after: Duration = 2.0

@@ -192,7 +192,10 @@ def prefix_key(body: dict[str, object], prefix_chars: int) -> str | None:
         return prompt[:prefix_chars]
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
-        return (first if isinstance(first, str) else repr(first[:prefix_chars]))[:prefix_chars]
+        if isinstance(first, str):
+            return first[:prefix_chars]
+        # Token ids (a list of ints) or anything else a client sent: its repr, bounded.
+        return repr(first[:prefix_chars] if isinstance(first, list) else first)[:prefix_chars]
     messages = body.get("messages")
     if isinstance(messages, list):
         parts: list[str] = []

@@ -91,3 +91,28 @@ def not_found(path: str) -> ApiError:
 
 def method_not_allowed(method: str, path: str) -> ApiError:
     return ApiError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
+
+
+_PROTOCOL_CODES = {
+    400: "bad_request",
+    408: "request_timeout",
+    413: "request_too_large",
+    431: "request_header_fields_too_large",
+}
+
+
+def protocol(status: int, detail: str) -> ApiError:
+    """A request the HTTP parser refused (h1.H1Error), as an OpenAI-shaped error."""
+    if status == 413:
+        return ApiError(413, detail, code="request_too_large")
+    return ApiError(status, f"malformed HTTP request: {detail}", code=_PROTOCOL_CODES.get(status))
+
+
+def internal() -> ApiError:
+    return ApiError(
+        500, "the router failed on this request; it was logged", type_="server_error", code="internal_error"
+    )
+
+
+def too_deep(limit: int) -> ApiError:
+    return ApiError(400, f"We could not parse the JSON body of your request: nested deeper than {limit}")

@@ -75,6 +75,11 @@ class _Collector:
             "llmgw_router_first_byte_seconds", "Time from request to the engine's response head."
         )
         yield GaugeMetricFamily("llmgw_router_in_flight", "Requests being served now.", value=m.in_flight)
+        yield CounterMetricFamily(
+            "llmgw_router_handler_errors",
+            "Client connections ended by an unexpected error in the router (a bug; see the log).",
+            value=m.handler_errors,
+        )
 
 
 class RouterMetrics:
@@ -83,6 +88,7 @@ class RouterMetrics:
         r = self.registry
         self.requests: dict[tuple[str, int], int] = {}
         self.in_flight = 0
+        self.handler_errors = 0
         self.latency = _Hist(LATENCY_BUCKETS)
         self.first_byte_hist = _Hist(FIRST_BYTE_BUCKETS)
         r.register(_Collector(self))

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 
 from llmgw.config.router import RouterConfig
+from llmgw.logbound import Throttle
 from llmgw.router import errors, sockio
 from llmgw.router.auth import ApiKey, KeyFile
 from llmgw.router.balancer import Replica, prefix_key
 from llmgw.router.errors import ApiError
-from llmgw.router.http import BadRequest, ClientConn, Request, TooLarge
+from llmgw.router.http import ClientConn, H1Error, Request
+from llmgw.router.jsondepth import MAX_DEPTH, too_deep
 from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
@@ -47,6 +51,7 @@ class Router:
         self.upstream = UpstreamPool(config.connect_timeout)
         self.relay = Relay(self.upstream, config, self.metrics, self._eject)
         self._stale = config.metrics_stale_after
+        self._crash_log = Throttle(burst=5, period=60.0, clock=time.monotonic)
 
     # ---- background loops -------------------------------------------------------------
 
@@ -81,8 +86,13 @@ class Router:
     # ---- per connection -----------------------------------------------------------------
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        """One client connection. Nothing but cancellation leaves it: whatever goes wrong
+        costs this connection (answered 500 when no response head went out yet, closed,
+        logged, counted), never the listener."""
         sock = sockio.adopt(stream)
-        client = ClientConn(sock, self.config.max_body_bytes, self.config.idle_timeout)
+        client = ClientConn(
+            sock, self.config.max_body_bytes, self.config.idle_timeout, self.config.header_timeout
+        )
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(client.read_loop)
@@ -90,24 +100,42 @@ class Router:
                     await self._serve(client)
                 finally:
                     nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away; nothing to answer
+        except BaseException as exc:  # noqa: BLE001 - sorted below; cancellation re-raised
+            bug = _unexpected(exc)
+            if bug is not None:
+                await self._crashed(client, bug)
+            cancel = _cancel_part(exc)
+            if cancel is exc:
+                raise
+            if cancel is not None:
+                raise cancel from None
         finally:
             sockio.close(sock)
+
+    async def _crashed(self, client: ClientConn, exc: BaseException) -> None:
+        self.metrics.handler_errors += 1
+        self.metrics.count("", 500)
+        tb = "".join(traceback.format_exception(exc))
+        name = type(exc).__name__
+        self._crash_log.log(log, logging.ERROR, name, "client connection failed: %s: %s", name, tb[-2000:])
+        if client.can_respond and not client.eof:
+            err = errors.internal()
+            # Shielded (the handler may be being cancelled too), at most a second.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+                try:
+                    await client.respond(500, JSON, err.body(), close=True)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+                    log.debug("could not send the 500: %s", e)
 
     async def _serve(self, client: ClientConn) -> None:
         while True:
             try:
                 req = await client.next_request()
-            except TooLarge:
-                err = errors.too_large(self.config.max_body_bytes)
-                await client.respond(err.status, JSON, err.body(), close=True)
-                self.metrics.count("", 413)
-                return
-            except BadRequest as exc:
+            except H1Error as exc:
                 if client.can_respond:
-                    err = ApiError(400, f"malformed HTTP request: {exc}")
-                    await client.respond(400, JSON, err.body(), close=True)
+                    err = errors.protocol(exc.status, exc.message)
+                    await client.respond(err.status, JSON, err.body(), close=True)
+                self.metrics.count("", exc.status)
                 return
             if req is None:
                 return
@@ -156,9 +184,11 @@ class Router:
         metrics.in_flight += 1
         try:
             key = self._auth(req)
+            if too_deep(req.body):
+                raise errors.too_deep(MAX_DEPTH)
             try:
                 body = json.loads(req.body)
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 raise errors.bad_json(str(exc)) from None
             if not isinstance(body, dict):
                 raise errors.bad_json("expected a JSON object")
@@ -227,6 +257,34 @@ class Router:
             self.metrics.ejections.labels(r.replica_id).inc()
         r.ejected_until = now + self.config.eject_for
         self.upstream.drop_host(r.host, r.port)
+
+
+_GONE = (trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+def _unexpected(exc: BaseException) -> BaseException | None:
+    """What in `exc` (maybe an exception group) is a bug rather than cancellation or the
+    client (or an engine mid-answer) going away; None when nothing is."""
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(Exception)[0]
+        if rest is None:
+            return None
+        rest = rest.split(_GONE)[1]
+        return rest
+    if isinstance(exc, _GONE):
+        log.debug("connection ended: %s", exc)
+        return None
+    if isinstance(exc, Exception):
+        return exc
+    return None
+
+
+def _cancel_part(exc: BaseException) -> BaseException | None:
+    """What in `exc` is not an Exception (trio.Cancelled, KeyboardInterrupt): re-raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(Exception)[1]
+        return exc if rest is not None and rest.exceptions == exc.exceptions else rest
+    return None if isinstance(exc, Exception) else exc
 
 
 def _split_bind(bind: str) -> tuple[str, int]:

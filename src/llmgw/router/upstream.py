@@ -1,8 +1,9 @@
 """Pooled keep-alive HTTP/1.1 connections to engines, and the relay of one answer.
 
-The client side is a small hand-written HTTP/1.1 reader rather than h11: the body of an
-answer is forwarded as the raw bytes that arrived (chunk framing included), so a streamed
-event costs one receive and one send (see bench/README.md for the figures).
+The client side reads with the pure parsers of `h1` (response head, chunk scanner,
+dechunk) rather than h11: the body of an answer is forwarded as the raw bytes that arrived
+(chunk framing checked, not rewritten), so a streamed event costs one receive and one send
+(see bench/README.md for the figures).
 
 `UpstreamPool.acquire` hands out an idle connection to (host, port) or dials a new one
 (TCP_NODELAY, bounded by the connect timeout). A connection goes back to the pool only
@@ -23,6 +24,7 @@ from llmgw.config.router import RouterConfig
 from llmgw.router import sockio
 from llmgw.router.balancer import Replica
 from llmgw.router.errors import sse_error_event
+from llmgw.router.h1 import MAX_HEAD, ChunkScanner, H1Error, ResponseHead, dechunk, parse_response_head
 from llmgw.router.http import ClientConn, Request
 from llmgw.router.metrics import RouterMetrics
 
@@ -31,122 +33,14 @@ class ConnectFailed(OSError):
     """Refused, unreachable or too slow to connect: eject the replica and try another."""
 
 
-class ProtocolError(Exception):
-    """The engine answered something that is not HTTP/1.1 as we speak it."""
-
-
-class Head:
-    """A parsed response head; `framing` is "chunked", "length" or "close"."""
-
-    __slots__ = ("status", "content_type", "length", "framing", "keep_alive")
-
-    def __init__(self, status: int, content_type: bytes, length: int, framing: str, ka: bool):
-        self.status = status
-        self.content_type = content_type
-        self.length = length
-        self.framing = framing
-        self.keep_alive = ka
+# A response that is not HTTP/1.1 as we accept it (h1's rules), or an engine that ended
+# the exchange before answering.
+ProtocolError = H1Error
+Head = ResponseHead
 
 
 def parse_head(raw: bytes) -> Head:
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ", 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
-    ctype = b"application/json"
-    length = -1
-    chunked = False
-    ka = parts[0] == b"HTTP/1.1"
-    for line in lines[1:]:
-        k, sep, v = line.partition(b":")
-        if not sep:
-            raise ProtocolError(f"bad header line {line[:80]!r}")
-        k = k.strip().lower()
-        if k == b"content-type":
-            ctype = v.strip()
-        elif k == b"content-length":
-            try:
-                length = int(v)
-            except ValueError:
-                raise ProtocolError(f"bad content-length {v[:40]!r}") from None
-        elif k == b"transfer-encoding":
-            chunked = v.strip().lower().endswith(b"chunked")
-        elif k == b"connection":
-            t = v.strip().lower()
-            ka = t != b"close" if ka else t == b"keep-alive"
-    if chunked:
-        framing = "chunked"
-    elif length >= 0:
-        framing = "length"
-    else:
-        framing, ka = "close", False
-    return Head(int(parts[1]), ctype, length, framing, ka)
-
-
-class ChunkScanner:
-    """Follows chunked framing over raw bytes without copying payload.
-
-    `feed(data)` returns (bytes to forward now, done). Forwarded bytes are the engine's
-    chunks exactly as received, minus the final zero-size chunk and trailers, which the
-    client side writes itself; a chunk-size line split across reads is held until whole.
-    """
-
-    __slots__ = ("remaining", "partial", "in_trailer")
-
-    def __init__(self) -> None:
-        self.remaining = 0  # payload + CRLF bytes left in the current chunk
-        self.partial = b""
-        self.in_trailer = False
-
-    def feed(self, data: bytes) -> tuple[bytes, bool]:
-        if self.partial:
-            data = self.partial + data
-            self.partial = b""
-        if self.in_trailer:
-            return b"", self._trailer_done(data)
-        n = len(data)
-        pos = 0
-        while pos < n:
-            if self.remaining:
-                take = min(self.remaining, n - pos)
-                pos += take
-                self.remaining -= take
-                continue
-            nl = data.find(b"\r\n", pos)
-            if nl < 0:
-                self.partial = data[pos:]
-                return data[:pos], False
-            try:
-                size = int(data[pos:nl].split(b";", 1)[0], 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {data[pos:nl][:40]!r}") from None
-            if size == 0:
-                self.in_trailer = True
-                return data[:pos], self._trailer_done(data[nl + 2 :])
-            self.remaining = size + 2
-            pos = nl + 2
-        return data, False
-
-    def _trailer_done(self, rest: bytes) -> bool:
-        # After the zero-size chunk: trailers (usually none) end at an empty line.
-        if rest.startswith(b"\r\n") or b"\r\n\r\n" in rest:
-            return True
-        self.partial = rest
-        return False
-
-
-def dechunk(raw: bytes) -> bytes:
-    out: list[bytes] = []
-    pos = 0
-    while True:
-        nl = raw.find(b"\r\n", pos)
-        if nl < 0:
-            raise ProtocolError("truncated chunked body")
-        size = int(raw[pos:nl].split(b";", 1)[0], 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(raw[nl + 2 : nl + 2 + size])
-        pos = nl + 4 + size
+    return parse_response_head(raw)
 
 
 class UpstreamConn:
@@ -174,13 +68,13 @@ class UpstreamConn:
         while True:
             end = buf.find(b"\r\n\r\n")
             while end < 0:
-                if len(buf) > 65536:
-                    raise ProtocolError("response head too large")
+                if len(buf) > MAX_HEAD:
+                    raise H1Error(502, "response head too large")
                 data = await sockio.recv(self.sock)
                 if not data:
-                    raise ProtocolError("engine closed the connection without answering")
+                    raise H1Error(502, "engine closed the connection without answering")
                 buf += data
-                end = buf.find(b"\r\n\r\n")
+                end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
             head = parse_head(buf[:end])
             buf = buf[end + 4 :]
             if 100 <= head.status < 200:
@@ -195,7 +89,7 @@ class UpstreamConn:
             while len(buf) < head.length:
                 data = await sockio.recv(self.sock)
                 if not data:
-                    raise ProtocolError("engine closed the connection mid-body")
+                    raise H1Error(502, "engine closed the connection mid-body")
                 buf += data
             self.clean = head.keep_alive and len(buf) == head.length
             return buf[: head.length]
@@ -206,7 +100,7 @@ class UpstreamConn:
                 fwd, done = scanner.feed(buf)
                 parts.append(fwd)
                 if done:
-                    self.clean = head.keep_alive
+                    self.clean = head.keep_alive and not scanner.extra
                     return dechunk(b"".join(parts) + b"0\r\n\r\n")
             elif buf:
                 parts.append(buf)
@@ -214,7 +108,7 @@ class UpstreamConn:
             if not buf:
                 if scanner is None:
                     return b"".join(parts)
-                raise ProtocolError("engine closed the connection mid-body")
+                raise H1Error(502, "engine closed the connection mid-body")
 
 
 class UpstreamPool:
@@ -378,6 +272,7 @@ class Relay:
         broken = ""
         out = b""
         chunked_out = False
+        extra = False
         scanner: ChunkScanner | None = None
         send = client.sock
         # One cancel scope for the whole exchange: the first-byte deadline until the head
@@ -403,7 +298,7 @@ class Relay:
                 framing = head.framing
                 if framing == "chunked":
                     if http10:
-                        raise ProtocolError("chunked answer to an HTTP/1.0 request")
+                        raise H1Error(502, "chunked answer to an HTTP/1.0 request")
                     scanner = ChunkScanner()
                     chunked_out = True
                     out = client.head(
@@ -434,6 +329,7 @@ class Relay:
                         elif framing == "length":
                             if len(data) > left:
                                 data = data[:left]
+                                extra = True  # more than the engine said: not reused
                             left -= len(data)
                             out += data
                             done = left == 0
@@ -445,7 +341,9 @@ class Relay:
                                 out += b"0\r\n\r\n"
                             await sockio.send_all(send, out)
                             ok = True
-                            conn.clean = head.keep_alive and not conn.buf
+                            conn.clean = head.keep_alive and not conn.buf and not extra
+                            if scanner is not None and scanner.extra:
+                                conn.clean = False
                             return status
                     if out:
                         await sockio.send_all(send, out)
