@@ -21,7 +21,7 @@ from fakes.hostile import RawPeer, deep_in_kind, engine_report, hello_msg, longe
 from fakes.live import Cluster
 from llmgw.transport import codec
 from llmgw.transport.keys import issue_key
-from llmgw.transport.messages import EngineChanged, Heartbeat, HeartbeatAck, HelloFirst, Refused, Welcome
+from llmgw.transport.messages import EngineChanged, Heartbeat, HeartbeatAck, HelloFirst, Welcome
 
 REPORTS = 10_000
 TAIL = 8 * 1024  # bytes of log tail in each made-up report
@@ -44,10 +44,11 @@ def liar_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def _round_trip(peer: RawPeer, seq: int, timeout: float = 30) -> None:
     """Everything `peer` sent before has been handled once this returns (one connection's
-    messages are handled in order)."""
+    messages are handled in order). A peer without a session gets HelloFirst instead; the
+    Refused answers to earlier messages are passed over."""
     peer.send_msg(Heartbeat(seq))
     got = peer.recv_until(lambda m: (isinstance(m, HeartbeatAck) and m.seq == seq)
-                          or isinstance(m, HelloFirst | Refused), timeout)
+                          or isinstance(m, HelloFirst), timeout)
     assert got is not None, f"no answer to heartbeat {seq} within {timeout}s"
 
 
