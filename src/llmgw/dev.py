@@ -33,6 +33,7 @@ from attrs import frozen
 from llmgw.agent.procs import REPLICA_ENV, try_reap
 from llmgw.agent.run import Agent
 from llmgw.config.agent import AgentConfig
+from llmgw.config.deployment import parse_deployment
 from llmgw.config.load_agent import load_agent_config
 from llmgw.config.load_router import load_router_config
 from llmgw.config.load_server import load_server_config
@@ -42,6 +43,7 @@ from llmgw.router.service import serve_router
 from llmgw.server.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request
+from llmgw.transport.requests import ApplyOp, EndpointsOp, GetOp, GetWhat, Op
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +288,7 @@ async def wait_for_demo(files: DevFiles, admin: Callable[..., Any], router: tupl
     with trio.move_on_after(READY_TIMEOUT):
         while True:
             try:
-                rows = await admin("get", {"what": "deployments"})
+                rows = await admin(GetOp(GetWhat.DEPLOYMENTS))
             except LlmgwError as exc:
                 log.debug("get deployments: %s", exc)
                 rows = []
@@ -312,13 +314,12 @@ async def wait_for_demo(files: DevFiles, admin: Callable[..., Any], router: tupl
 async def bring_up(files: DevFiles, opts: DevOptions, router: tuple[str, int]) -> None:
     """Apply the demo (unless --no-demo), wait for it, then print how to use it all."""
 
-    async def admin(op: str, params: dict[str, Any]) -> Any:
-        return await request(files.server_address, str(files.admin_key), str(files.server_key),
-                             op, params, 5.0)
+    async def admin(op: Op) -> Any:
+        return await request(files.server_address, str(files.admin_key), str(files.server_key), op, 5.0)
 
     url = f"http://{router[0]}:{router[1]}"
     if opts.demo:
-        await admin("apply", {"spec": DEMO, "source": "llmgw dev (demo)"})
+        await admin(ApplyOp(parse_deployment(DEMO, "llmgw dev (demo)"), "llmgw dev (demo)"))
         _say(f"applied the demo deployment: {DEMO['replicas']} replicas of {DEMO['model']}")
         await wait_for_demo(files, admin, router)
     body = json.dumps({"model": DEMO["model"], "messages": [{"role": "user", "content": "Hello!"}]})
@@ -388,7 +389,7 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
 
         async def table(since: int) -> Mapping[str, Any] | None:
             result = await request(router_cfg.server, router_cfg.keys.secret_key,
-                                   router_cfg.keys.server_key, "endpoints", {"since": since}, 2.0)
+                                   router_cfg.keys.server_key, EndpointsOp(since), 2.0)
             return result if isinstance(result, Mapping) else None
 
         try:

@@ -49,7 +49,14 @@ class DiscoveryError(LlmgwError):
 
 
 class ProtocolError(LlmgwError):
-    """A message that cannot be decoded or is not allowed where it arrived."""
+    """A message that cannot be decoded or is not allowed where it arrived.
+
+    `request_id` is set when the message was a request whose id could be read, so that
+    the sender can be answered rather than left to time out."""
+
+    def __init__(self, message: str, request_id: str = "") -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class RefusedError(LlmgwError):

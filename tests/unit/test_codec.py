@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.errors import ProtocolError
+from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
 from llmgw.model.inventory import (
     FabricReport,
@@ -19,7 +20,7 @@ from llmgw.model.inventory import (
     NodeInfo,
     StorageReport,
 )
-from llmgw.transport import codec, messages
+from llmgw.transport import codec, messages, requests
 
 INV = Inventory(
     gpus=(Gpu(0, "GPU-a", "H100", 81559, 80000, "00000000:18:00.0", 0, "9.0", {"GPU-b": 18}),),
@@ -29,6 +30,14 @@ INV = Inventory(
 )
 SPEC = EngineSpec("d-0", 3, "d", "org/m", "m", EngineKind.VLLM, ("GPU-a",), 20001,
                   gang=GangSpec(2, 1, "10.0.0.1", 20002, ("mlx5_0",)), env={"A": "1"})
+
+DEPLOYMENT = Deployment("d", "org/m", EngineKind.VLLM, 8, 2, args=("--x", "1"), env={"A": "1"})
+OPS: list[requests.Op] = [
+    requests.StatusOp(), requests.ApplyOp(DEPLOYMENT, "d.yaml"), requests.DeleteOp("d"),
+    requests.ScaleOp("d", 3), requests.CordonOp("n", True, True), requests.GetOp(requests.GetWhat.NODES),
+    requests.DescribeOp("d"), requests.EndpointsOp(4), requests.LogsOp("d-0", 50),
+    requests.RediscoverOp(("n",)),
+]
 
 SAMPLES: list[messages.Message] = [
     messages.Hello(1, NodeInfo("n", "10.0.0.2", "eth0", {"rack": "r1"}, (100, 200)), INV,
@@ -45,13 +54,33 @@ SAMPLES: list[messages.Message] = [
     messages.DesiredSet(4, (SPEC,)),
     messages.Rediscover(),
     messages.LogsRequest("q", "d-0", 50),
-    messages.Request(1, "q", "status", {"x": [1, 2]}),
+    *(messages.Request(1, "q", op) for op in OPS),
     messages.Reply("q", True, {"nodes": []}),
 ]
 
 
 def test_every_kind_has_a_sample() -> None:
     assert {type(m) for m in SAMPLES} == set(typing.get_args(messages.Message))
+    assert {type(op) for op in OPS} == set(typing.get_args(requests.Op))
+
+
+@pytest.mark.parametrize(
+    ("op", "match"),
+    [
+        ({"op": "get", "what": "pods"}, "pods"),
+        ({"op": "scale", "name": "d", "replicas": "3"}, "expected int"),
+        ({"op": "cordon", "node": "n", "cordoned": "false"}, "expected bool"),
+        ({"op": "launch"}, "launch"),
+        ({"op": ["status"]}, "request"),
+        ({"op": "apply", "deployment": {"name": "d", "model": "m", "engine": "vllm",
+                                        "gpus_per_node": 0, "replicas": 1}}, "gpus_per_node"),
+        ({"op": "apply", "deployment": {"name": "Bad Name"}}, "the request: model: missing"),
+    ],
+)
+def test_bad_requests_are_protocol_errors(op: dict[str, object], match: str) -> None:
+    data = msgpack.packb({"kind": "request", "protocol": 1, "request_id": "q", "op": op})
+    with pytest.raises(ProtocolError, match=match):
+        codec.decode(data)
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
@@ -66,7 +95,7 @@ def test_round_trip(msg: messages.Message) -> None:
         (codec.encode(messages.Heartbeat(1))[:-1], "not msgpack"),
         (msgpack.packb([1, 2]), "expected a map"),
         (msgpack.packb({"kind": "launch_missiles"}), "unknown message kind"),
-        (msgpack.packb({"seq": 1}), "unknown message kind None"),
+        (msgpack.packb({"seq": 1}), "unknown message kind: a NoneType"),
         (msgpack.packb({"kind": "heartbeat", "seq": "one"}), "bad heartbeat"),
         (msgpack.packb({"kind": "heartbeat", "seq": 1, "extra": 1}), "(?i)extra fields"),
         (msgpack.packb({"kind": "refused"}), "bad refused"),
@@ -102,6 +131,16 @@ def _decodes_or_protocol_error(data: bytes) -> None:
 def test_unhashable_or_odd_kinds_are_protocol_errors(kind: object) -> None:
     with pytest.raises(ProtocolError, match="unknown message kind"):
         codec.decode(msgpack.packb({"kind": kind}))
+    with pytest.raises(ProtocolError, match="bad request message"):
+        codec.decode(msgpack.packb({"kind": "request", "protocol": 1, "request_id": "q", "op": {"op": kind}}))
+
+
+def test_deeply_nested_kind_is_a_protocol_error() -> None:
+    # As deep as msgpack allows: repr() of it would exceed Python's recursion limit.
+    depth = 1000
+    data = b"\x81\xa4kind" + b"\x91" * depth + b"\xc0"
+    with pytest.raises(ProtocolError, match="a list, not a name"):
+        codec.decode(data)
 
 
 def test_deep_nesting_is_a_protocol_error() -> None:

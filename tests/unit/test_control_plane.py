@@ -31,6 +31,7 @@ from llmgw.transport.messages import (
     Request,
     Welcome,
 )
+from llmgw.transport.requests import DeleteOp, DescribeOp, StatusOp
 
 CONFIG = ServerConfig(heartbeat_interval=5.0)
 OLD = "K" * 40  # z85 public keys, as ZAP hands them over
@@ -68,7 +69,7 @@ def test_reissued_name_never_readmits_the_old_key() -> None:
 
 def test_revoked_admin_key_refused_on_its_next_request() -> None:
     cp = ControlPlane(config=CONFIG, authorized=keyset(**{ADMIN: ("admin", "ops")}))
-    req = codec.encode(Request(PROTOCOL_VERSION, "q1", "status"))
+    req = codec.encode(Request(PROTOCOL_VERSION, "q1", StatusOp()))
     reply = cp.handle(b"a", ADMIN, req, 0.0)
     assert isinstance(reply[0][1], Reply) and reply[0][1].ok
     cp.set_authorized(keyset(**{NEW: ("admin", "ops")}))  # revoked, the name re-issued
@@ -180,8 +181,8 @@ async def test_a_handler_that_raises_costs_one_message(autojump_clock: trio.test
     async def broken_later(peer: Any, params: Any, now: float) -> Any:
         raise RuntimeError("a bug in one deferred handler")
 
-    cp.ops["broken"] = (frozenset({"admin"}), broken)
-    cp.ops["broken_later"] = (frozenset({"admin"}), broken_later)
+    cp.ops[DescribeOp] = (frozenset({"admin"}), broken)
+    cp.ops[DeleteOp] = (frozenset({"admin"}), broken_later)
     # A bug outside the op table too: the engine-change hook of the orchestrator.
     cp.desired_ids = lambda node_id: {"d-0"}
 
@@ -195,14 +196,15 @@ async def test_a_handler_that_raises_costs_one_message(autojump_clock: trio.test
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run_plane, cp, t)
         t.send_in.send_nowait((b"n", OLD, hello()))
-        for op in ("broken", "broken_later", "status"):
-            t.send_in.send_nowait((b"a", ADMIN, codec.encode(Request(PROTOCOL_VERSION, op, op))))
+        for rid, op in (("broken", DescribeOp("d")), ("broken_later", DeleteOp("d")), ("status", StatusOp())):
+            t.send_in.send_nowait((b"a", ADMIN, codec.encode(Request(PROTOCOL_VERSION, rid, op))))
         t.send_in.send_nowait((b"n", OLD, report("d-0")))
         t.send_in.send_nowait((b"n", OLD, codec.encode(Heartbeat(9))))
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     replies = {m.request_id: m for _, m in t.sent if isinstance(m, Reply)}
     assert replies["status"].ok
+    assert not replies["broken"].ok and "internal error" in replies["broken"].error
     assert not replies["broken_later"].ok and "internal error" in replies["broken_later"].error
     assert any(isinstance(m, HeartbeatAck) and m.seq == 9 for _, m in t.sent)
     assert cp.failed >= 2  # the synchronous handler and the hook; the deferred one too
@@ -216,3 +218,14 @@ def test_gpu_list_in_hello_is_still_structured() -> None:
     out = cp.handle(b"r", OLD, codec.encode(Hello(PROTOCOL_VERSION, NodeInfo("n1", "x"), inv)), 0.0)
     assert Welcome in kinds(out)
     assert cp.nodes["n1"].inventory == inv
+
+
+def test_an_undecodable_request_is_answered_with_the_reason() -> None:
+    cp = ControlPlane(config=CONFIG, authorized=keyset(**{ADMIN: ("admin", "ops")}))
+    bad = msgpack.packb({"kind": "request", "protocol": PROTOCOL_VERSION, "request_id": "q7",
+                         "op": {"op": "scale", "name": "d", "replicas": "many"}})
+    out = cp.handle(b"a", ADMIN, bad, 0.0)
+    assert len(out) == 1
+    reply = out[0][1]
+    assert isinstance(reply, Reply) and reply.request_id == "q7" and not reply.ok
+    assert "bad request message" in reply.error

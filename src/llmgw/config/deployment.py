@@ -31,7 +31,7 @@ _OPTIONAL = (
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-_MAX_REPLICAS = 100_000
+MAX_REPLICAS = 100_000
 
 
 def load_deployment(path: str) -> Deployment:
@@ -77,8 +77,8 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         raise err("engine", f"unknown engine (one of {kinds})") from None
     gpus = _int(data, "gpus_per_node", source, minimum=1)
     replicas = _int(data, "replicas", source, minimum=0)
-    if replicas > _MAX_REPLICAS:
-        raise err("replicas", f"at most {_MAX_REPLICAS}")
+    if replicas > MAX_REPLICAS:
+        raise err("replicas", f"at most {MAX_REPLICAS}")
     kwargs: dict[str, Any] = {}
     if "served_name" in data:
         served = data["served_name"]
@@ -121,6 +121,26 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         replicas=replicas,
         **kwargs,
     )
+
+
+def deployment_plain(d: Deployment) -> dict[str, Any]:
+    """The mapping a deployment file would hold for `d`: parse_deployment's inverse, and
+    how a Deployment travels to the server (which parses it again, with this module)."""
+    return {
+        "name": d.name,
+        "model": d.model,
+        "engine": str(d.engine),
+        "gpus_per_node": d.gpus_per_node,
+        "replicas": d.replicas,
+        "nodes": d.nodes,
+        "served_name": d.served_name,
+        "gpu_memory_min": d.gpu_memory_min,
+        "selector": dict(d.selector),
+        "args": list(d.args),
+        "env": dict(d.env),
+        "startup_timeout": d.startup_timeout,
+        "strategy": str(d.strategy),
+    }
 
 
 def _int(data: Mapping[str, Any], key: str, source: str, *, minimum: int) -> int:

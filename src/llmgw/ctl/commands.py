@@ -8,9 +8,23 @@ from typing import Any
 
 import trio
 
+from llmgw.config.deployment import load_deployment
 from llmgw.ctl import render
 from llmgw.ctl.settings import resolve
 from llmgw.transport.client import request
+from llmgw.transport.requests import (
+    ApplyOp,
+    CordonOp,
+    DeleteOp,
+    DescribeOp,
+    GetOp,
+    GetWhat,
+    LogsOp,
+    Op,
+    RediscoverOp,
+    ScaleOp,
+    StatusOp,
+)
 
 
 def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -50,38 +64,36 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
     lg.add_argument("--lines", type=int, default=200)
 
 
-def call(args: argparse.Namespace, op: str, params: dict[str, Any] | None = None) -> Any:
+def call(args: argparse.Namespace, op: Op) -> Any:
     settings = resolve(args.server, args.key, args.server_key)
-    return trio.run(request, settings.server, settings.key, settings.server_key, op, params or {},
-                    args.timeout)
+    return trio.run(request, settings.server, settings.key, settings.server_key, op, args.timeout)
 
 
-def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def op_of(args: argparse.Namespace) -> Op:
+    """The request this command line asks for; a bad deployment file raises here, before
+    anything is sent (the operator's to fix)."""
     c = args.ctl_cmd
     if c == "apply":
-        from llmgw.config._strict import read_yaml
-        from llmgw.config.deployment import load_deployment
-
-        load_deployment(args.file)  # a bad file is the operator's to fix, before sending
-        return "apply", {"spec": read_yaml(args.file), "source": args.file}
+        return ApplyOp(load_deployment(args.file), args.file)
     if c == "get":
-        return "get", {"what": args.what}
-    if c in ("describe", "delete"):
-        return c, {"name": args.name}
+        return GetOp(GetWhat(args.what))
+    if c == "describe":
+        return DescribeOp(args.name)
+    if c == "delete":
+        return DeleteOp(args.name)
     if c == "scale":
-        return "scale", {"name": args.name, "replicas": args.replicas}
+        return ScaleOp(args.name, args.replicas)
     if c in ("cordon", "uncordon", "drain"):
-        return "cordon", {"node": args.node, "cordoned": c != "uncordon", "draining": c == "drain"}
+        return CordonOp(args.node, cordoned=c != "uncordon", draining=c == "drain")
     if c == "rediscover":
-        return "rediscover", {"nodes": args.nodes}
+        return RediscoverOp(tuple(args.nodes))
     if c == "logs":
-        return "logs", {"replica": args.replica, "lines": args.lines}
-    return c, {}
+        return LogsOp(args.replica, args.lines)
+    return StatusOp()
 
 
 def run_ctl(args: argparse.Namespace) -> None:
-    op, params = _params(args)
-    result = call(args, op, params)
+    result = call(args, op_of(args))
     if args.output == "json":
         print(json.dumps(result, indent=2))
     else:

@@ -30,6 +30,7 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
+from llmgw.transport.requests import EndpointsOp
 
 log = logging.getLogger("llmgw.router")
 
@@ -329,8 +330,7 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
             config.server,
             config.keys.secret_key,
             config.keys.server_key,
-            "endpoints",
-            {"since": since},
+            EndpointsOp(since),
             timeout,
         )
         return result if isinstance(result, Mapping) else None

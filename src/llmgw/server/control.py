@@ -10,8 +10,9 @@ Nothing a peer sends is stored without a bound: engine reports only for replicas
 node was asked to run or reported at Hello, log tails cut to TAIL_BYTES; and every log
 line that carries peer text is clipped and rate-limited per peer (llmgw.logbound).
 
-Requests from ctl and routers are dispatched through `ops`, a table of op name ->
-(roles allowed, handler), which later parts of the server extend.
+Requests from ctl and routers are dispatched through `ops`, a table of op class ->
+(roles allowed, handler), which later parts of the server extend; handlers get the op
+already validated by the codec.
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ from llmgw.transport.messages import (
     Request,
     Welcome,
 )
+from llmgw.transport.requests import StatusOp, op_name
 
 log = logging.getLogger(__name__)
 
 Outgoing = tuple[bytes, Message]  # (routing id, message)
 # A handler returns its result, or an awaitable of it (ops that write the store).
-OpHandler = Callable[["Peer", dict[str, Any], float], Any]
+OpHandler = Callable[["Peer", Any, float], Any]
 Deferred = tuple[bytes, str, Awaitable[Any]]  # routing id, request id, the work
 
 # The most of one engine's log tail kept from a report (the newest lines), and of one line.
@@ -95,7 +97,7 @@ class ControlPlane:
     # Public keys (z85) currently authorized, with their role and name; messages that
     # arrive over a connection authenticated by any other key are refused.
     authorized: dict[str, KeyInfo] = field(factory=dict)
-    ops: dict[str, tuple[frozenset[str], OpHandler]] = field(factory=dict)
+    ops: dict[type, tuple[frozenset[str], OpHandler]] = field(factory=dict)
     # Called after a node's Hello ("hello"), inventory ("inventory") or engine report
     # ("engine") changes what the rest of the server knows.
     on_node_change: Callable[[Node, float, str], list[Outgoing]] | None = None
@@ -121,7 +123,7 @@ class ControlPlane:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
 
     def __attrs_post_init__(self) -> None:
-        self.ops.setdefault("status", (frozenset({"admin"}), self._op_status))
+        self.ops.setdefault(StatusOp, (frozenset({"admin"}), self._op_status))
 
     # ---- inbound ----
 
@@ -146,6 +148,8 @@ class ControlPlane:
         except ProtocolError as exc:
             self.dropped += 1
             self.warn(uid, "bad", "dropped a bad message from %s %s: %s", role, identity, exc)
+            if exc.request_id and role != "node":
+                return [(routing_id, Reply(exc.request_id, False, error=str(exc)))]
             return []
         if isinstance(msg, Request):
             reply = self._request(peer, msg, now)
@@ -230,21 +234,22 @@ class ControlPlane:
     def _request(self, peer: Peer, req: Request, now: float) -> Reply | None:
         if req.protocol != PROTOCOL_VERSION:
             return Reply(req.request_id, False, error=f"protocol {req.protocol} not supported")
-        entry = self.ops.get(req.op)
+        name = op_name(type(req.op))
+        entry = self.ops.get(type(req.op))
         if entry is None:
-            return Reply(req.request_id, False, error=f"unknown request {clip(req.op, 100)!r}")
+            return Reply(req.request_id, False, error=f"this server does not answer {name!r} requests")
         roles, handler = entry
         if peer.role not in roles:
-            self.warn(peer.key, "role", "refused %s request from %s %s", req.op, peer.role, peer.identity)
-            return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {req.op!r}")
+            self.warn(peer.key, "role", "refused %s request from %s %s", name, peer.role, peer.identity)
+            return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {name!r}")
         try:
-            result = handler(peer, req.params, now)
+            result = handler(peer, req.op, now)
         except LlmgwError as exc:
             return Reply(req.request_id, False, error=str(exc))
         except Exception:
             self.failed += 1
             self.throttle.log(log, logging.ERROR, (peer.key, "failed"), "request %s from %s %s failed",
-                              req.op, peer.role, peer.identity, exc_info=True)
+                              name, peer.role, peer.identity, exc_info=True)
             return Reply(req.request_id, False, error="internal error; see the server's log")
         if inspect.isawaitable(result):
             self.deferred.append((peer.routing_id, req.request_id, result))
@@ -290,7 +295,7 @@ class ControlPlane:
             view.update(self.extend_status(now))
         return view
 
-    def _op_status(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+    def _op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
         return self.status(now)
 
 

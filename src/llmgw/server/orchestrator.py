@@ -19,9 +19,9 @@ from typing import Any
 import trio
 from attrs import evolve
 
-from llmgw.config.deployment import parse_deployment
+from llmgw.config.deployment import MAX_REPLICAS
 from llmgw.config.server import ServerConfig
-from llmgw.errors import DeploymentError
+from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
 from llmgw.model.node import NodeState
@@ -31,6 +31,19 @@ from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
 from llmgw.server.status import deployment_rows, describe_deployment, node_rows, replica_rows
 from llmgw.server.store import Store, StoredEvent
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
+from llmgw.transport.requests import (
+    MAX_LOG_LINES,
+    ApplyOp,
+    CordonOp,
+    DeleteOp,
+    DescribeOp,
+    EndpointsOp,
+    GetOp,
+    GetWhat,
+    LogsOp,
+    RediscoverOp,
+    ScaleOp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +86,15 @@ class Orchestrator:
         cp.on_tick = self._ticked
         cp.desired_ids = self.desired_ids
         cp.ops.update({
-            "apply": (ADMIN, self.op_apply),
-            "delete": (ADMIN, self.op_delete),
-            "scale": (ADMIN, self.op_scale),
-            "cordon": (ADMIN, self.op_cordon),
-            "get": (ADMIN, self.op_get),
-            "describe": (ADMIN, self.op_describe),
-            "endpoints": (READERS, self.op_endpoints),
-            "logs": (ADMIN, self.op_logs),
-            "rediscover": (ADMIN, self.op_rediscover),
+            ApplyOp: (ADMIN, self.op_apply),
+            DeleteOp: (ADMIN, self.op_delete),
+            ScaleOp: (ADMIN, self.op_scale),
+            CordonOp: (ADMIN, self.op_cordon),
+            GetOp: (ADMIN, self.op_get),
+            DescribeOp: (ADMIN, self.op_describe),
+            EndpointsOp: (READERS, self.op_endpoints),
+            LogsOp: (ADMIN, self.op_logs),
+            RediscoverOp: (ADMIN, self.op_rediscover),
         })
         cp.extend_status = self.status_extra
 
@@ -189,11 +202,8 @@ class Orchestrator:
 
     # ---- ctl ops (async: they write the store before answering) ----
 
-    async def op_apply(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        try:
-            d = parse_deployment(params.get("spec") or {}, str(params.get("source", "<request>")))
-        except DeploymentError as exc:
-            raise RequestError(str(exc)) from None
+    async def op_apply(self, peer: Peer, op: ApplyOp, now: float) -> Any:
+        d = op.deployment  # validated when the request was decoded
         old = self.deployments.get(d.name)
         if old == d:
             return {"deployment": d.name, "changed": False}
@@ -204,72 +214,69 @@ class Orchestrator:
         self.mark_dirty()
         return {"deployment": d.name, "changed": True, "action": what}
 
-    async def op_delete(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        name = str(params.get("name", ""))
-        if name not in self.deployments:
-            raise RequestError(f"no deployment named {name!r}")
-        await trio.to_thread.run_sync(self.store.delete_deployment, name)
-        del self.deployments[name]
-        self.mark_dirty()
-        return {"deployment": name, "deleted": True}
+    def _deployment(self, name: str) -> Deployment:
+        d = self.deployments.get(name)
+        if d is None:
+            raise RequestError(f"no deployment named {clip(name, 100)!r}")
+        return d
 
-    async def op_scale(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        name, n = str(params.get("name", "")), params.get("replicas")
-        if name not in self.deployments:
-            raise RequestError(f"no deployment named {name!r}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise RequestError(f"replicas: expected a whole number >= 0, got {n!r}")
-        d = evolve(self.deployments[name], replicas=n)
+    async def op_delete(self, peer: Peer, op: DeleteOp, now: float) -> Any:
+        self._deployment(op.name)
+        await trio.to_thread.run_sync(self.store.delete_deployment, op.name)
+        del self.deployments[op.name]
+        self.mark_dirty()
+        return {"deployment": op.name, "deleted": True}
+
+    async def op_scale(self, peer: Peer, op: ScaleOp, now: float) -> Any:
+        if not 0 <= op.replicas <= MAX_REPLICAS:
+            raise RequestError(f"replicas: expected 0 to {MAX_REPLICAS}, got {op.replicas}")
+        d = evolve(self._deployment(op.name), replicas=op.replicas)
         await trio.to_thread.run_sync(self.store.put_deployment, d, now)
-        self.deployments[name] = d
+        self.deployments[op.name] = d
         self.mark_dirty()
-        return {"deployment": name, "replicas": n}
+        return {"deployment": op.name, "replicas": op.replicas}
 
-    async def op_cordon(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        node_id = str(params.get("node", ""))
-        cordoned, draining = bool(params.get("cordoned", True)), bool(params.get("draining", False))
+    async def op_cordon(self, peer: Peer, op: CordonOp, now: float) -> Any:
+        node_id = op.node
         if node_id not in self.cp.nodes:
-            raise RequestError(f"no node named {node_id!r}")
+            raise RequestError(f"no node named {clip(node_id, 100)!r}")
         await trio.to_thread.run_sync(
-            lambda: self.store.set_cordoned(node_id, cordoned, draining=draining))
-        self.cordons[node_id] = (cordoned, draining)
+            lambda: self.store.set_cordoned(node_id, op.cordoned, draining=op.draining))
+        self.cordons[node_id] = (op.cordoned, op.draining)
         self.mark_dirty()
-        return {"node": node_id, "cordoned": cordoned, "draining": draining}
+        return {"node": node_id, "cordoned": op.cordoned, "draining": op.draining}
 
-    def op_get(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        what = params.get("what")
-        if what == "deployments":
+    def op_get(self, peer: Peer, op: GetOp, now: float) -> Any:
+        if op.what is GetWhat.DEPLOYMENTS:
             return deployment_rows(self)
-        if what == "replicas":
+        if op.what is GetWhat.REPLICAS:
             return replica_rows(self)
-        if what == "nodes":
-            return node_rows(self.cp, now)
-        raise RequestError(f"cannot get {what!r}: deployments, replicas or nodes")
+        return node_rows(self.cp, now)
 
-    async def op_describe(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        name = str(params.get("name", ""))
-        if name not in self.deployments:
-            raise RequestError(f"no deployment named {name!r}")
+    async def op_describe(self, peer: Peer, op: DescribeOp, now: float) -> Any:
+        d = self._deployment(op.name)
         events = await trio.to_thread.run_sync(
-            lambda: self.store.events(deployment=name, limit=50))
-        return describe_deployment(self, self.deployments[name], events)
+            lambda: self.store.events(deployment=op.name, limit=50))
+        return describe_deployment(self, d, events)
 
-    def op_rediscover(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+    def op_rediscover(self, peer: Peer, op: RediscoverOp, now: float) -> Any:
         """Ask nodes to run discovery now; they report what changed as usual."""
-        wanted = params.get("nodes") or sorted(self.cp.nodes)
+        wanted = list(op.nodes) or sorted(self.cp.nodes)
         unknown = [n for n in wanted if n not in self.cp.nodes]
         if unknown:
-            raise RequestError(f"no node named {unknown[0]!r}")
+            raise RequestError(f"no node named {clip(unknown[0], 100)!r}")
         asked = [n for n in wanted if self.cp.nodes[n].connected and self.cp.nodes[n].routing_id]
         self._send([(self.cp.nodes[n].routing_id, Rediscover()) for n in asked])
         return {"asked": asked, "not_connected": sorted(set(wanted) - set(asked))}
 
-    async def op_logs(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
-        rid = str(params.get("replica", ""))
-        lines = int(params.get("lines", 200))
+    async def op_logs(self, peer: Peer, op: LogsOp, now: float) -> Any:
+        rid = op.replica
+        if not 1 <= op.lines <= MAX_LOG_LINES:
+            raise RequestError(f"lines: expected 1 to {MAX_LOG_LINES}, got {op.lines}")
+        lines = op.lines
         r = self.replicas.get(rid)
         if r is None:
-            raise RequestError(f"no replica named {rid!r}")
+            raise RequestError(f"no replica named {clip(rid, 100)!r}")
         if not r.members:
             return {"replica": rid, "node": "", "lines": list(r.last_log_tail),
                     "note": "not placed now; this is the log tail of its last failure"}
@@ -296,7 +303,7 @@ class Orchestrator:
             raise RequestError(f"node {node_id}: {got[0].error}")
         return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
 
-    def op_endpoints(self, peer: Peer, params: dict[str, Any], now: float) -> Any:
+    def op_endpoints(self, peer: Peer, op: EndpointsOp, now: float) -> Any:
         table = self.endpoint_table()
         if table != self._endpoints:
             self._endpoints = table

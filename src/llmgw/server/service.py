@@ -17,7 +17,7 @@ import zmq
 
 from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError
-from llmgw.logbound import clip
+from llmgw.logbound import Throttle, clip
 from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.orchestrator import Orchestrator, open_store
 from llmgw.transport import codec
@@ -39,6 +39,7 @@ class ServerTransport:
     def __init__(self, sock: TrioSocket) -> None:
         self.sock = sock
         self.dropped_sends = 0
+        self.throttle = Throttle()
 
     async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
         """Wait for one message, then take every message already queued (up to BATCH)."""
@@ -46,7 +47,8 @@ class ServerTransport:
         frames: list[zmq.Frame] | None = await self.sock.recv_frames()
         while frames is not None:
             if len(frames) != 2:
-                log.warning("dropped a message of %d frames (expected 2)", len(frames))
+                self.throttle.log(log, logging.WARNING, "frames",
+                                  "dropped a message of %d frames (expected 2)", len(frames))
             else:
                 try:
                     uid = frames[1].get("User-Id")

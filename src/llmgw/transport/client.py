@@ -14,6 +14,7 @@ from llmgw.transport import codec
 from llmgw.transport.dealer import connect
 from llmgw.transport.keys import load_pair, load_public
 from llmgw.transport.messages import Refused, Reply, Request
+from llmgw.transport.requests import Op
 
 _CTX: zmq.Context[Any] | None = None
 
@@ -29,15 +30,14 @@ async def request(
     server: str,
     secret_key_file: str,
     server_key_file: str,
-    op: str,
-    params: dict[str, Any] | None = None,
+    op: Op,
     timeout: float = 5.0,
 ) -> Any:
     """Send `op` and return the reply's result; RequestFailedError when the server says no,
     ServerUnreachableError when nothing answers within `timeout`."""
     pair = load_pair(secret_key_file)
     server_public = load_public(server_key_file)
-    req = Request(PROTOCOL_VERSION, uuid.uuid4().hex, op, params or {})
+    req = Request(PROTOCOL_VERSION, uuid.uuid4().hex, op)
     with trio.move_on_after(timeout):
         async with connect(_context(), server, pair, server_public) as conn:
             await conn.send(codec.encode(req))

@@ -14,10 +14,13 @@ import msgpack
 from cattrs.preconf.msgpack import make_converter
 from cattrs.strategies import configure_tagged_union
 
+from llmgw.config.deployment import deployment_plain, parse_deployment
 from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
+from llmgw.model.deployment import Deployment
 from llmgw.transport import messages
 from llmgw.transport.messages import Message
+from llmgw.transport.requests import Op, op_name
 
 _MEMBERS: tuple[type, ...] = typing.get_args(Message)
 
@@ -29,8 +32,27 @@ def _kind(cls: type) -> str:
 KINDS: dict[str, type] = {_kind(c): c for c in _MEMBERS}
 
 
+def _exact(cls: type) -> typing.Callable[[object, type], typing.Any]:
+    def hook(value: object, t: type) -> typing.Any:
+        # bool is an int in Python; a bool where an int belongs is still wrong.
+        if type(value) is not cls:
+            raise ValueError(f"expected {cls.__name__}, got {type(value).__name__}")
+        # The hook of str serves the str enums too: their constructor checks the value.
+        return value if t is cls else t(value)
+
+    return hook
+
+
 def _make(*, detailed: bool) -> cattrs.Converter:
     conv = make_converter(forbid_extra_keys=True, detailed_validation=detailed)
+    # No coercion of what a peer sends: bool("false") is True, int(1.9) is 1.
+    for cls in (bool, int, str):
+        conv.register_structure_hook(cls, _exact(cls))
+    # A deployment on the wire is what a deployment file holds, validated on arrival by
+    # the one validator of deployments.
+    conv.register_unstructure_hook(Deployment, deployment_plain)
+    conv.register_structure_hook(Deployment, lambda v, _: parse_deployment(v, "the request"))
+    configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv
 
@@ -63,12 +85,17 @@ def decode(data: bytes) -> Message:
     if not isinstance(raw, dict):
         raise ProtocolError(f"expected a map, got {type(raw).__name__}")
     kind = raw.get("kind")
-    if not isinstance(kind, str) or kind not in KINDS:
+    if not isinstance(kind, str):
+        # Only its type: repr() of a value nested a thousand deep would itself recurse.
+        raise ProtocolError(f"unknown message kind: a {type(kind).__name__}, not a name")
+    if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {clip(repr(kind), 80)}")
     try:
         return typing.cast(Message, converter.structure(raw, Message))  # type: ignore[arg-type]
     except Exception as exc:  # whatever cattrs or an attrs validator raises on bad input
-        raise ProtocolError(f"bad {kind} message: {_problems(exc)}") from None
+        rid = raw.get("request_id") if kind == "request" else None
+        raise ProtocolError(f"bad {kind} message: {_problems(exc)}",
+                            rid if isinstance(rid, str) and len(rid) <= 64 else "") from None
 
 
 def _problems(exc: Exception) -> str:

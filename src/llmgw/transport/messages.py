@@ -3,17 +3,19 @@
 The codec (codec.py) encodes them as a msgpack map with a `kind` tag. Agents speak
 Hello/Heartbeat/InventoryChanged/EngineChanged/LogsReply; the server answers with
 Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest. ctl and the
-router send Request and get Reply (the router polls the "endpoints" op).
+router send Request, carrying one typed op of requests.py, and get Reply (the router
+polls the "endpoints" op).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attrs import field, frozen
+from attrs import frozen
 
 from llmgw.model.engine import EngineReport, EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.transport.requests import Op
 
 # ---- agent -> server ----
 
@@ -103,8 +105,7 @@ class LogsRequest:
 class Request:
     protocol: int
     request_id: str
-    op: str  # e.g. "status", "apply", "endpoints"
-    params: dict[str, Any] = field(factory=dict)
+    op: Op  # one typed op (requests.py), tagged by its name: {"op": "status", ...}
 
 
 @frozen
