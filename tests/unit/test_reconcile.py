@@ -365,3 +365,70 @@ def test_server_restart_adopts_reports_without_restarts() -> None:
     res = w2.step(reports_for(saved))
     assert res.changed_nodes == frozenset()
     assert {r.generation for r in res.replicas.values()} == {r.generation for r in saved.values()}
+
+
+# ---- issue 10, item 1: drain, uncordon, scale down ----
+
+
+def test_drain_then_uncordon_drops_the_replacements_and_restarts_nothing() -> None:
+    # One node with room for the two replicas only, as in `llmgw dev`.
+    w = World(cluster(node("a", 2)), dep(2, gpus=1))
+    w.step()
+    w.ready()
+    serving = {rid: r.generation for rid, r in w.replicas.items()}
+    w.set_node("a", cordoned=True, draining=True)
+    w.ready()
+    assert {r.id for r in w.replicas.values() if r.replaces} == {"d-2", "d-3"}
+    assert all(w.replicas[x].state == S.PENDING for x in ("d-2", "d-3"))
+    # Nowhere to move: the old replicas say so, and so does the deployment's status.
+    assert w.replicas["d-0"].reason.startswith("draining, with nowhere to move: 0/1 nodes fit")
+    w.set_node("a", cordoned=False, draining=False)
+    w.ready()
+    assert sorted(w.replicas) == ["d-0", "d-1"]
+    assert {rid: r.generation for rid, r in w.replicas.items()} == serving
+    assert all(r.state == S.READY and r.reason == "" for r in w.replicas.values())
+    assert not w.last or not w.last.pending
+
+
+def test_scale_down_while_a_drain_waits_stops_no_replica_that_serves_instead_of_one_that_does_not() -> None:
+    w = World(cluster(node("a", 2)), dep(2, gpus=1))
+    w.step()
+    w.ready()
+    w.set_node("a", cordoned=True, draining=True)
+    w.ready()
+    w.deps["d"] = dep(1, gpus=1)
+    w.ready()
+    ready = [r for r in w.replicas.values() if r.state == S.READY]
+    assert len(ready) == 1
+    # The one left serving keeps serving (same generation) with its replacement pending.
+    w.set_node("a", cordoned=False, draining=False)
+    before = {rid: r.generation for rid, r in w.replicas.items() if r.state == S.READY}
+    w.ready()
+    assert {rid: r.generation for rid, r in w.replicas.items()} == before
+
+
+def test_scale_down_stops_not_ready_before_ready_and_newest_first() -> None:
+    w = World(cluster(node("a"), node("b"), node("c"), node("d")), dep(4))
+    w.step()
+    reports = reports_for({k: v for k, v in w.replicas.items() if k in ("d-0", "d-2")})
+    w.step(reports)
+    assert w.states() == {"d-0": S.READY, "d-1": S.STARTING, "d-2": S.READY, "d-3": S.STARTING}
+    w.deps["d"] = dep(2)
+    w.step(reports)
+    assert sorted(w.replicas) == ["d-0", "d-2"]
+    w.deps["d"] = dep(1)
+    w.step(reports)
+    assert sorted(w.replicas) == ["d-0"] or sorted(w.replicas) == ["d-2"]
+    assert w.replicas[next(iter(w.replicas))].state == S.READY
+
+
+def test_every_state_change_is_in_the_lifecycle_table() -> None:
+    import pytest
+
+    from llmgw.server.replica_states import InvalidReplicaTransition, ReplicaEvent, next_state
+
+    assert next_state(S.PENDING, ReplicaEvent.PLACED) == S.STARTING
+    with pytest.raises(InvalidReplicaTransition, match="'restart' is not valid in state 'ready'"):
+        next_state(S.READY, ReplicaEvent.RESTART)
+    with pytest.raises(InvalidReplicaTransition):
+        next_state(S.BACKOFF, ReplicaEvent.ENGINES_READY)

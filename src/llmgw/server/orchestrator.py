@@ -75,6 +75,7 @@ class Orchestrator:
         self._endpoints: dict[str, Any] = {}
         self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
+        self.failed_passes = 0
         # Nodes known from before a restart get the long first grace period to return.
         for node_id, stored in store.nodes().items():
             self.cordons[node_id] = (stored.cordoned, stored.draining)
@@ -187,7 +188,16 @@ class Orchestrator:
                 await trio.to_thread.run_sync(self.store.put_nodes, rows)
             before = (self.replicas, self.floor)
             started = trio.current_time()
-            out, events = await self.run_pass(clock())
+            try:
+                out, events = await self.run_pass(clock())
+            except Exception:
+                # A bug in reconcile costs this pass, not the server: state is as it was,
+                # and the next change (or the retry below) runs another.
+                self.failed_passes += 1
+                log.exception("reconcile pass failed; nothing changed, trying again")
+                await trio.sleep(max(PASS_GAP, 1.0))
+                self.mark_dirty()
+                continue
             cost = trio.current_time() - started
             if events or (self.replicas, self.floor) != before:
                 # Persist before telling anyone: what a node is asked to run survives a crash.

@@ -13,9 +13,13 @@ Rules, in the order one pass applies them:
   generation, so the node's desired set no longer holds the old one when it returns.
 - Mass-loss guard: more than `mass_loss_share` of nodes silent within one grace period
   holds every re-placement, and `holding` says so.
-- Per deployment: a replacement that became ready retires what it replaces; scaling adds
-  or removes replicas; a draining node's replicas get a replacement first; a changed
-  spec rolls one replica at a time (surge one, else down then up).
+- Per deployment (rollout.py): a replacement that became ready retires what it replaces,
+  and one no longer needed (its target's node is not draining, its spec is current) is
+  dropped; scaling adds or removes replicas, stopping what serves nothing first; a
+  draining node's replicas get a replacement first; a changed spec rolls one replica at
+  a time (surge one, else down then up).
+
+Every change of a replica's state goes through the lifecycle table (replica_states.py).
 
 Generations are issued from one counter (`generation_floor` in, out) so they never
 repeat, not even for a replica id that was deleted and made again.
@@ -31,10 +35,12 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
 
-from ._rollout import roll_deployment
 from .placement import ClusterView, NodeView, Placement, Unschedulable, place
+from .replica_states import ReplicaEvent, next_state
+from .rollout import roll_deployment
 
 S = ReplicaState
+E = ReplicaEvent
 
 
 @frozen
@@ -109,6 +115,10 @@ class Pass:
         self.work[r.id] = r
         return r
 
+    def to(self, r: Replica, event: ReplicaEvent, **changes: object) -> Replica:
+        """`r` after `event` (the lifecycle table says its state), with `changes`; kept."""
+        return self.put(evolve(r, state=next_state(r.state, event), **changes))  # type: ignore[arg-type]
+
     def drop(self, r: Replica, why: str) -> None:
         if self._view is not None:
             self._view.release(r.members)
@@ -117,12 +127,17 @@ class Pass:
         self.work.pop(r.id, None)
         self.event(r, why)
 
-    def unplace(self, r: Replica) -> Replica:
+    def release(self, r: Replica) -> Replica:
+        """Take `r` off its nodes; its state is the caller's to set."""
         if self._view is not None:
             self._view.release(r.members)
         if r.members:
             self._no_room.clear()
         return self.put(evolve(r, members=(), fabric=""))
+
+    def unplace(self, r: Replica) -> Replica:
+        """Off its nodes, pending, to be placed again."""
+        return self.to(self.release(r), E.UNPLACED)
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
         """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
@@ -132,21 +147,21 @@ class Pass:
             self._no_room[key] = result
             if r.reason != result.reason:
                 self.event(r, f"unschedulable: {result.reason}")
-            return self.put(evolve(r, state=S.PENDING, reason=result.reason))
+            return self.to(r, E.NO_ROOM, reason=result.reason)
         self.view.reserve(result.members)
-        placed = evolve(
+        placed = self.to(
             r,
+            E.PLACED,
             members=result.members,
             fabric=result.fabric,
             generation=self.gen(),
-            state=S.STARTING,
             reason="",
             placed_at=self.now,
             ready_since=0.0,
         )
         where = ", ".join(m.node_id for m in result.members)
         self.event(placed, f"placed on {where} (generation {placed.generation})")
-        return self.put(placed)
+        return placed
 
     def new_replica(self, d: Deployment, replaces: str = "") -> Replica:
         used = {r.index for r in self.work.values() if r.deployment == d.name}
@@ -253,7 +268,7 @@ def _observe(
             return
         p.event(r, f"restarting after backoff (failure {r.restarts})")
         if r.placed and all(p.node_state(m.node_id) == NodeState.READY for m in r.members):
-            p.put(evolve(r, generation=p.gen(), state=S.STARTING, placed_at=p.now))
+            p.to(r, E.RESTART, generation=p.gen(), placed_at=p.now)
         else:
             p.place(p.unplace(r))
         return
@@ -265,7 +280,7 @@ def _observe(
         if holding:
             if r.state != S.HELD:
                 p.event(r, f"node {lost[0]} lost; {holding}")
-            p.put(evolve(r, state=S.HELD, reason=holding))
+            p.to(r, E.NODE_LOST_HELD, reason=holding)
             return
         p.event(r, f"node {', '.join(lost)} lost: placing again")
         p.place(p.unplace(r), exclude=frozenset(lost))
@@ -283,36 +298,36 @@ def _observe(
     if failed is not None:
         n = r.restarts + 1
         delay = min(s.backoff_cap, s.backoff_base * 2 ** (n - 1))
-        state = S.CRASH_LOOPING if n >= s.crashloop_after else S.BACKOFF
         why = failed.reason or (
             f"exit code {failed.exit_code}" if failed.exit_code is not None else str(failed.state)
         )
         p.event(r, f"{failed.state}: {why}; restart {n} in {delay:g}s")
-        r = evolve(
+        r = p.to(
             r,
-            state=state,
+            E.CRASH_LOOP if n >= s.crashloop_after else E.FAILED,
             restarts=n,
             backoff_until=p.now + delay,
             last_log_tail=failed.log_tail or r.last_log_tail,
             reason=why,
             ready_since=0.0,
         )
-        p.put(p.unplace(r) if r.spec.nodes > 1 else r)  # a gang stops whole, placed afresh
+        if r.spec.nodes > 1:
+            p.release(r)  # a gang stops whole, and is placed afresh
         return
     known = [st for st in states if st is not None]
     if known and len(known) == len(states) and all(st == EngineState.READY for st in known):
         if r.state != S.READY:
             p.event(r, "ready")
-            r = evolve(r, state=S.READY, ready_since=p.now, reason="")
+            r = p.to(r, E.ENGINES_READY, ready_since=p.now, reason="")
         if r.restarts and p.now - r.ready_since >= s.stable_after:
-            r = evolve(r, restarts=0)
+            p.put(evolve(r, restarts=0))
     elif any(st == EngineState.UNHEALTHY for st in known):
-        r = evolve(r, state=S.UNHEALTHY)
+        p.to(r, E.ENGINE_UNHEALTHY)
     elif len(known) == len(states):
-        r = evolve(r, state=S.STARTING)
+        p.to(r, E.ENGINES_STARTING)
     elif r.state == S.HELD:
-        r = evolve(r, state=S.STARTING, reason="")
-    p.put(r)
+        p.to(r, E.NODE_BACK, reason="")
+    # Otherwise some members' nodes are suspect: no news, no change.
 
 
 def desired_sets(

@@ -96,9 +96,14 @@ def replica_rows(o: Orchestrator) -> list[dict[str, Any]]:
 
 def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> str:
     ready = sum(r.state == ReplicaState.READY for r in mine)
-    reasons = sorted({o.pending[r.id] for r in mine if r.id in o.pending})
+    # A pending replacement is a drain's: its target still serves, on the draining node.
+    reasons = sorted({o.pending[r.id] for r in mine if r.id in o.pending and not r.replaces})
     if reasons:
         return "unschedulable: " + "; ".join(reasons)
+    stuck = sorted(f"{r.replaces} is draining, with nowhere to move: {o.pending[r.id]}"
+                   for r in mine if r.id in o.pending and r.replaces)
+    if stuck:
+        return "; ".join(stuck)
     if any(r.state == ReplicaState.CRASH_LOOPING for r in mine):
         return "crash-looping"
     if o.holding and any(r.state == ReplicaState.HELD for r in mine):

@@ -1,7 +1,10 @@
 """Per-deployment steps of a reconcile pass: replacements, scaling, drain, rolling update.
 
 Slots are the replicas that count towards `replicas`; a replacement (`replaces` set) is a
-surge replica that takes over its slot once ready: the old one stops only then.
+surge replica that takes over its slot once ready: the old one stops only then. A
+replacement is wanted while its target is on a draining node or runs an outdated spec;
+once neither holds (an uncordon, a spec put back) it is dropped unless it is already
+ready. States change only through the lifecycle table (replica_states.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ S = ReplicaState
 
 def roll_deployment(p: Pass, d: Deployment) -> None:
     _settle_replacements(p, d)
+    _drop_unneeded_replacements(p, d)
     _scale(p, d)
     _drain(p, d)
     _roll(p, d)
@@ -41,9 +45,27 @@ def _settle_replacements(p: Pass, d: Deployment) -> None:
             p.put(evolve(r, replaces=""))
 
 
-def _victim_order(r: Replica, new_hash: str) -> tuple[bool, bool, bool, int]:
-    """Scale-down order: unplaced first, then not ready, then outdated, then highest index."""
-    return (r.placed, r.state == S.READY, r.spec.template_hash() == new_hash, -r.index)
+def _needs_replacing(p: Pass, r: Replica, new_hash: str) -> bool:
+    return any(p.draining(n) for n in r.node_ids) or r.spec.template_hash() != new_hash
+
+
+def _drop_unneeded_replacements(p: Pass, d: Deployment) -> None:
+    new_hash = d.template_hash()
+    for r in _mine(p, d):
+        if not r.replaces or r.state == S.READY:
+            continue
+        old = p.work.get(r.replaces)
+        if old is not None and not _needs_replacing(p, old, new_hash):
+            p.drop(r, f"{old.id} no longer needs replacing: stopped")
+            if old.reason.startswith(DRAIN_STUCK):
+                p.put(evolve(old, reason=""))
+
+
+def _victim_order(r: Replica, new_hash: str) -> tuple[bool, bool, bool, float, int]:
+    """Scale-down order: what serves least goes first. Pending before started, not ready
+    before ready (a ready replica never stops while a not-ready one could go instead),
+    outdated before current, then the newest."""
+    return (r.placed, r.state == S.READY, r.spec.template_hash() == new_hash, -r.placed_at, -r.index)
 
 
 def _scale(p: Pass, d: Deployment) -> None:
@@ -62,11 +84,20 @@ def _scale(p: Pass, d: Deployment) -> None:
         p.new_replica(d)
 
 
+DRAIN_STUCK = "draining, with nowhere to move"
+
+
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
-    replaced = {r.replaces for r in mine if r.replaces}
+    replaced = {r.replaces: r for r in mine if r.replaces}
     for r in mine:
-        if r.replaces or r.id in replaced or not r.placed:
+        if r.id in replaced:
+            new = replaced[r.id]
+            stuck = f"{DRAIN_STUCK}: {new.reason}" if new.state == S.PENDING else ""
+            if stuck != r.reason and (stuck or r.reason.startswith(DRAIN_STUCK)):
+                p.put(evolve(r, reason=stuck))
+            continue
+        if r.replaces or not r.placed:
             continue
         draining = [m.node_id for m in r.members if p.draining(m.node_id)]
         if not draining:
@@ -77,6 +108,8 @@ def _drain(p: Pass, d: Deployment) -> None:
             continue
         new = p.new_replica(d, replaces=r.id)
         p.event(r, f"node {draining[0]} draining: {new.id} takes over once ready")
+        if new.state == S.PENDING:
+            p.put(evolve(r, reason=f"{DRAIN_STUCK}: {new.reason}"))
 
 
 def _roll(p: Pass, d: Deployment) -> None:
@@ -104,12 +137,5 @@ def _roll(p: Pass, d: Deployment) -> None:
 
 def _recreate(p: Pass, r: Replica, d: Deployment, why: str) -> None:
     p.event(r, why)
-    fresh = evolve(
-        p.unplace(r),
-        spec=d,
-        restarts=0,
-        backoff_until=0.0,
-        last_log_tail=(),
-        state=S.PENDING,
-    )
+    fresh = evolve(p.unplace(r), spec=d, restarts=0, backoff_until=0.0, last_log_tail=())
     p.place(p.put(fresh))
