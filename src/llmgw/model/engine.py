@@ -68,3 +68,7 @@ class EngineReport:
     reason: str = ""
     log_tail: tuple[str, ...] = ()
     restarts: int = 0
+    # Non-zero: the engine could not have this port on the node (taken before the start,
+    # or answered by a process outside the engine's session). The server stops assigning
+    # it there; `reason` names the holder where the agent could see it.
+    conflict_port: int = 0

@@ -97,6 +97,23 @@ class StorageReport:
 
 
 @frozen
+class EngineAvailability:
+    """Whether this node can start one engine kind: its binary or python resolves.
+
+    `kind` is an EngineKind value, kept a plain string so that a kind this peer does not
+    know still decodes. `key` is the agent config key that names the command.
+    """
+
+    kind: str
+    available: bool
+    key: str = ""  # e.g. "engines.vllm.bin"
+    command: str = ""  # as configured, e.g. "vllm"
+    path: str = ""  # what it resolved to
+    version: str = ""  # where cheap to tell (package metadata); "" when unknown
+    reason: str = ""  # why not available, e.g. "vllm not found"
+
+
+@frozen
 class Inventory:
     gpus: tuple[Gpu, ...] = ()
     gpu_source: GpuSource = GpuSource.NONE
@@ -105,6 +122,16 @@ class Inventory:
     unlabelled_hcas: tuple[str, ...] = ()
     storage: StorageReport = StorageReport()
     warnings: tuple[str, ...] = ()
+    # Per engine kind, whether it can start here. Empty (an older agent): not reported,
+    # which placement takes as available.
+    engines: tuple[EngineAvailability, ...] = ()
+
+    def lacked_engine(self, kind: str) -> EngineAvailability | None:
+        """The report saying `kind` cannot start here; None when it can or is not reported."""
+        for e in self.engines:
+            if e.kind == kind and not e.available:
+                return e
+        return None
 
 
 @frozen

@@ -63,6 +63,10 @@ TAIL_BYTES = 32 * 1024
 TAIL_LINE = 1024
 # The most engines one Hello may report (a node runs a few per GPU at most).
 MAX_HELLO_ENGINES = 1024
+# Ports a node reported in conflict (another process holds them) are kept this many per
+# node, for this long (seconds), or until its next Hello; placement never assigns them.
+MAX_CONFLICT_PORTS = 256
+CONFLICT_PORT_TTL = 600.0
 
 
 class RequestError(LlmgwError):
@@ -88,6 +92,23 @@ class Node:
     engines: dict[str, EngineReport] = field(factory=dict)
     connected: bool = True  # has a live session (cut on revocation)
     key: str = ""  # the public key of the live session; its messages alone are the node's
+    # Ports the node reported in conflict -> when (server clock). Bounded: the oldest go
+    # first past MAX_CONFLICT_PORTS; expired after CONFLICT_PORT_TTL; cleared on Hello.
+    conflict_ports: dict[int, float] = field(factory=dict)
+
+    def note_conflict(self, port: int, now: float) -> None:
+        """Remember that `port` is held by a process that is not an engine of ours."""
+        if not 0 < port < 65536:
+            return
+        self.conflict_ports.pop(port, None)
+        self.conflict_ports[port] = now
+        while len(self.conflict_ports) > MAX_CONFLICT_PORTS:
+            del self.conflict_ports[next(iter(self.conflict_ports))]
+
+    def expire_conflicts(self, now: float) -> None:
+        if self.conflict_ports:
+            self.conflict_ports = {p: t for p, t in self.conflict_ports.items()
+                                   if now - t < CONFLICT_PORT_TTL}
 
 
 @define
@@ -178,6 +199,8 @@ class ControlPlane:
                           "it, nor reported at Hello", identity, rid)
                 return []
             node.engines[rid] = bounded_report(msg.report)
+            if msg.report.conflict_port:
+                node.note_conflict(msg.report.conflict_port, now)
             return self._changed(node, now, "engine")
         if isinstance(msg, LogsReply):
             waiter = self.pending_logs.pop(msg.request_id, None)
@@ -216,6 +239,11 @@ class ControlPlane:
             self._heard(node, peer.routing_id, now)
         node.key = peer.key
         node.engines = engines
+        # A Hello starts the node's story again: only what it reports now is in conflict.
+        node.conflict_ports.clear()
+        for r in engines.values():
+            if r.conflict_port:
+                node.note_conflict(r.conflict_port, now)
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
         return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
 
@@ -263,6 +291,7 @@ class ControlPlane:
         suspect_after = self.config.heartbeat_interval * self.config.suspect_after_missed
         changed = []
         for node in self.nodes.values():
+            node.expire_conflicts(now)
             event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after)
             if event is None:
                 continue

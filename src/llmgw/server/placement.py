@@ -1,7 +1,8 @@
 """Placement: where one replica goes, as a pure function over an inventory snapshot.
 
-Filters: the node is ready and neither cordoned nor draining; its labels match the
-selector; it has enough free GPUs of at least `gpu_memory_min`; for a gang
+Filters: the node is ready and neither cordoned nor draining; it can start the
+deployment's engine kind (an inventory that does not say counts as able); its labels
+match the selector; it has enough free GPUs of at least `gpu_memory_min`; for a gang
 (`nodes > 1`) every member shares one fabric that is not down on any of them and has the
 same GPU model. Islands (no fabrics) never hold a multi-node replica.
 
@@ -44,6 +45,9 @@ class NodeView:
     # GPUs and ports taken by something placement does not see as a replica.
     used_gpus: frozenset[str] = frozenset()
     used_ports: frozenset[int] = frozenset()
+    # Ports the node reported in conflict (held by a process that is not ours): never
+    # assigned on this node (the server's Node.conflict_ports).
+    blocked_ports: frozenset[int] = frozenset()
     silent_since: float | None = None  # when it went silent (suspect/lost); None: unknown
 
 
@@ -63,8 +67,8 @@ class Unschedulable:
 
 class _Node:
     __slots__ = (
-        "addr", "cache", "fabrics", "free", "gpu_name", "gpus", "hi", "id", "labels", "lo",
-        "ports", "reject", "view",
+        "addr", "cache", "fabrics", "fixed", "free", "gpu_name", "gpus", "hi", "id", "labels",
+        "lacked", "lo", "ports", "reject", "view",
     )
 
     def __init__(self, node_id: str, view: NodeView) -> None:
@@ -75,8 +79,16 @@ class _Node:
         self.labels = view.info.labels
         self.gpus: dict[str, Gpu] = {g.uuid: g for g in inv.gpus}
         self.free = [g.uuid for g in inv.gpus if g.uuid not in view.used_gpus]
-        self.ports = set(view.used_ports)
+        # Engine kind -> why this node cannot start it.
+        self.lacked = {
+            e.kind: f"lacked engine {e.kind} ({e.key}: {e.reason})" if e.key
+            else f"lacked engine {e.kind} ({e.reason})"
+            for e in inv.engines if not e.available
+        }
         self.lo, self.hi = view.info.port_range
+        # Ports that no release() gives back: used outside placement, or blocked.
+        self.fixed = view.used_ports | {p for p in view.blocked_ports if self.lo <= p <= self.hi}
+        self.ports = set(self.fixed)
         self.fabrics = {f.name: f for f in inv.fabrics if f.state != FabricState.DOWN}
         names = [g.name for g in inv.gpus]
         first = names[0] if names else ""
@@ -176,7 +188,7 @@ class ClusterView:
         else:
             back = set(m.gpus) | set(n.free)
             n.free = [u for u in n.gpus if u in back]
-            n.ports.difference_update(m.bound_ports())
+            n.ports.difference_update(set(m.bound_ports()) - n.fixed)
         n.cache.clear()
         if indexed:
             self._index(n)
@@ -197,7 +209,7 @@ def _ports_needed(d: Deployment, head: bool) -> int:
 def _fit(n: _Node, d: Deployment) -> tuple[tuple[str, ...], bool] | None:
     """The GPUs this node would give, and whether they are an NVLink clique; None: no fit."""
     need = d.gpus_per_node
-    if len(n.free) < need:
+    if len(n.free) < need or d.engine in n.lacked:
         return None
     for k, v in d.selector.items():
         if n.labels.get(k) != v:
@@ -390,6 +402,8 @@ def _reject(n: _Node, d: Deployment, exclude: frozenset[str]) -> str:
         return "were excluded"
     if any(n.labels.get(k) != v for k, v in d.selector.items()):
         return "lacked labels " + ",".join(f"{k}={v}" for k, v in sorted(d.selector.items()))
+    if d.engine in n.lacked:
+        return n.lacked[d.engine]
     mem = d.gpu_memory_min
     usable = [u for u in n.free if n.gpus[u].memory_total >= mem]
     if len(usable) < d.gpus_per_node:

