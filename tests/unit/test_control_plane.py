@@ -229,3 +229,17 @@ def test_an_undecodable_request_is_answered_with_the_reason() -> None:
     reply = out[0][1]
     assert isinstance(reply, Reply) and reply.request_id == "q7" and not reply.ok
     assert "bad request message" in reply.error
+
+
+def test_ports_reported_in_conflict_are_kept_on_the_node_until_hello() -> None:
+    cp = ControlPlane(config=CONFIG, authorized=keyset(**{OLD: ("node", "n1")}))
+    cp.desired_ids = lambda node_id: {"d-0"}
+    at_hello = (EngineReport("adopted-0", 1, EngineState.EXITED, conflict_port=20007),)
+    cp.handle(b"r", OLD, hello(engines=at_hello), 0.0)
+    assert set(cp.nodes["n1"].conflict_ports) == {20007}
+    conflict = EngineReport("d-0", 1, EngineState.EXITED, conflict_port=20001,
+                            reason="not started: port 20001 is in use by pid 1 (x)")
+    cp.handle(b"r", OLD, codec.encode(EngineChanged(conflict)), 1.0)
+    assert set(cp.nodes["n1"].conflict_ports) == {20001, 20007}
+    cp.handle(b"r", OLD, hello(), 2.0)
+    assert cp.nodes["n1"].conflict_ports == {}

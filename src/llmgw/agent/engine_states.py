@@ -24,6 +24,9 @@ class EngineEvent(enum.StrEnum):
     HEALTH_OK = "health_ok"  # GET /health answered 200
     HEALTH_FAIL = "health_fail"  # health failed the threshold number of times in a row
     STARTUP_TIMEOUT = "startup_timeout"  # not ready within the spec's startup timeout
+    # Its port answers, but from a process outside its session (another cluster's engine):
+    # never ready; the supervisor stops it and reports the conflict.
+    PORT_CONFLICT = "port_conflict"
     STOP_REQUESTED = "stop_requested"  # the desired set no longer wants it
     EXITED = "exited"  # the process is gone (exit code or signal)
 
@@ -50,26 +53,31 @@ TRANSITIONS: dict[tuple[EngineState | None, EngineEvent], tuple[EngineState, str
     (S.STARTING, E.HEALTH_OK): (S.READY, "first health check passed"),
     (S.STARTING, E.HEALTH_FAIL): (S.STARTING, _SAME),  # still loading: refused is normal
     (S.STARTING, E.STARTUP_TIMEOUT): (S.FAILED, "not ready within its startup timeout"),
+    (S.STARTING, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
     (S.STARTING, E.STOP_REQUESTED): (S.STOPPING, "stop requested while starting"),
     (S.STARTING, E.EXITED): (S.EXITED, "exited while starting"),
     (S.READY, E.HEALTH_OK): (S.READY, _SAME),
     (S.READY, E.HEALTH_FAIL): (S.UNHEALTHY, "health checks failing"),
     (S.READY, E.STARTUP_TIMEOUT): (S.READY, _SAME),  # timer raced the first 200
+    (S.READY, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
     (S.READY, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
     (S.READY, E.EXITED): (S.EXITED, "exited unexpectedly"),
     (S.UNHEALTHY, E.HEALTH_OK): (S.READY, "health recovered"),
     (S.UNHEALTHY, E.HEALTH_FAIL): (S.UNHEALTHY, _SAME),
     (S.UNHEALTHY, E.STARTUP_TIMEOUT): (S.UNHEALTHY, _SAME),
+    (S.UNHEALTHY, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
     (S.UNHEALTHY, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
     (S.UNHEALTHY, E.EXITED): (S.EXITED, "exited unexpectedly"),
     (S.FAILED, E.HEALTH_OK): (S.FAILED, _SAME),  # too late: the server decides
     (S.FAILED, E.HEALTH_FAIL): (S.FAILED, _SAME),
     (S.FAILED, E.STARTUP_TIMEOUT): (S.FAILED, _SAME),
+    (S.FAILED, E.PORT_CONFLICT): (S.FAILED, _SAME),
     (S.FAILED, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
     (S.FAILED, E.EXITED): (S.EXITED, "exited after failing to start"),
     (S.STOPPING, E.HEALTH_OK): (S.STOPPING, _SAME),
     (S.STOPPING, E.HEALTH_FAIL): (S.STOPPING, _SAME),
     (S.STOPPING, E.STARTUP_TIMEOUT): (S.STOPPING, _SAME),
+    (S.STOPPING, E.PORT_CONFLICT): (S.STOPPING, _SAME),
     (S.STOPPING, E.STOP_REQUESTED): (S.STOPPING, _SAME),
     (S.STOPPING, E.EXITED): (S.EXITED, "stopped on request"),
     (S.EXITED, E.STARTED): (S.STARTING, "process started again"),

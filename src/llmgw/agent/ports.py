@@ -64,14 +64,14 @@ def read_listeners(tables: tuple[str, ...] = TCP_TABLES) -> tuple[Listener, ...]
     return tuple(out) if read else None
 
 
-def socket_inodes(pid: int, proc: str = PROC) -> set[int]:
-    """The socket inodes among `pid`'s open files (empty where unreadable)."""
+def socket_inodes(pid: int, proc: str = PROC) -> set[int] | None:
+    """The socket inodes among `pid`'s open files; None where they cannot be read."""
     folder = f"{proc}/{pid}/fd"
     found: set[int] = set()
     try:
         names = os.listdir(folder)
     except OSError:
-        return found
+        return None
     for name in names:
         try:
             inode = socket_inode(os.readlink(f"{folder}/{name}"))
@@ -100,7 +100,7 @@ def holders(inodes: frozenset[int], proc: str = PROC) -> tuple[tuple[int, str], 
     except OSError:
         return ()
     for pid in pids:
-        if socket_inodes(pid, proc) & inodes:
+        if (socket_inodes(pid, proc) or set()) & inodes:
             out.append((pid, _cmdline(pid, proc)))
     return tuple(out)
 
@@ -125,9 +125,17 @@ def owner_conflict(addr: str, port: int, sid: int) -> PortConflict | None:
     inodes = listening_on(addr, port)
     if not inodes:
         return None  # no /proc, or the listener is gone already: nothing to claim
+    pids = procs.session_pids(sid)
     ours: set[int] = set()
-    for pid in procs.session_pids(sid):
-        ours |= socket_inodes(pid)
+    unreadable = 0
+    for pid in pids:
+        got = socket_inodes(pid)
+        if got is None:
+            unreadable += 1
+        else:
+            ours |= got
     if inodes & ours:
         return None
+    if pids and unreadable == len(pids):
+        return None  # the session's files are hidden from us: cannot tell, claim nothing
     return PortConflict(port, holders(inodes))

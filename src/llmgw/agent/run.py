@@ -44,12 +44,15 @@ def node_info(config: AgentConfig) -> NodeInfo:
 class Agent:
     def __init__(self, config: AgentConfig, *, python: str = sys.executable, nvml: object | None = None):
         self.config = config
+        self.python = python
         self.nvml = nvml
         self.inventory = Inventory()
         self._logged: set[str] = set()
         self._send, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
-        self.supervisor = Supervisor(config, self._on_report, python=python)
         self._rediscover = trio.Event()
+        # An engine whose command does not resolve: look again, so the inventory says so.
+        self.supervisor = Supervisor(config, self._on_report, python=python,
+                                     on_unavailable=lambda: self._rediscover.set())
         self._engines_stopped = False
 
     def _post(self, msg: Message) -> None:
@@ -95,7 +98,8 @@ class Agent:
                 await self._rediscover.wait()
             self._rediscover = trio.Event()
             try:
-                new = await discover(self.config, nvml=self.nvml, logged=self._logged)
+                new = await discover(self.config, nvml=self.nvml, logged=self._logged,
+                                 python=self.python)
             except Exception:
                 log.exception("discovery failed; keeping the last inventory")
                 continue
@@ -105,7 +109,8 @@ class Agent:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A configuration that contradicts the node (a missing HCA) stops us here.
-        self.inventory = await discover(self.config, nvml=self.nvml, logged=self._logged)
+        self.inventory = await discover(self.config, nvml=self.nvml, logged=self._logged,
+                                 python=self.python)
         log.info(
             "node %s: %d GPUs (%s), fabrics: %s, storage: %s",
             self.config.node_id, len(self.inventory.gpus), self.inventory.gpu_source,

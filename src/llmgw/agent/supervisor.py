@@ -15,9 +15,11 @@ from collections.abc import Callable
 import trio
 from attrs import define, evolve, field
 
-from llmgw.agent import procs
+from llmgw.agent import ports, procs
 from llmgw.agent.adopt import Adopted, Gone, adopt_records
 from llmgw.agent.converge import Start, Stop, converge
+from llmgw.agent.discovery.engine_check import command_keys, missing_command
+from llmgw.agent.discovery.procnet import PortConflict
 from llmgw.agent.engine_states import EngineEvent, transition
 from llmgw.agent.engines import LaunchPlan
 from llmgw.agent.health import HealthEvent, http_health, watch_health
@@ -25,12 +27,16 @@ from llmgw.agent.logtail import tail_lines
 from llmgw.agent.plans import PlanFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.config.agent import AgentConfig
+from llmgw.errors import LlmgwError
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 
 log = logging.getLogger(__name__)
 
 # Seconds an agent start waits for adopted engines' first health check before Hello.
 ADOPTION_HEALTH_WAIT = 2.0
+# Once ready, whether the socket answering health is the engine's own is checked again
+# every this many successful probes (a /proc walk; every probe would be wasteful).
+OWNER_CHECK_EVERY = 30
 
 
 @define(eq=False)
@@ -58,8 +64,13 @@ class Supervisor:
         *,
         python: str = sys.executable,
         plan: PlanFn | None = None,
+        on_unavailable: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
+        # Called when an engine's command does not resolve: the agent runs discovery
+        # again, so that its inventory says so.
+        self._on_unavailable = on_unavailable
+        self._keys = command_keys(config, python)
         self._sup = config.supervisor
         self._on_report = on_report
         self._plan: PlanFn = plan or default_plan(config, python)
@@ -167,6 +178,21 @@ class Supervisor:
         record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts)
         try:
             plan: LaunchPlan = self._plan(spec)
+        except LlmgwError as exc:  # a config the spec cannot run with: said, no traceback
+            self._refuse(spec, restarts, log_path, f"could not start: {exc}")
+            return
+        missing = missing_command(plan, self._keys)
+        if missing:
+            self._refuse(spec, restarts, log_path, f"could not start: {missing}")
+            if self._on_unavailable is not None:
+                self._on_unavailable()
+            return
+        if plan.health_checked and not ports.port_free(self._config.mgmt_addr, spec.port):
+            conflict = ports.taken_by(self._config.mgmt_addr, spec.port)
+            self._refuse(spec, restarts, log_path, f"not started: {conflict.reason}",
+                         conflict_port=spec.port)
+            return
+        try:
             # Pending first: an agent killed between spawn and the completed record
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
             write_record(self._sup.work_dir, record)
@@ -177,14 +203,14 @@ class Supervisor:
                 started = 0
             record = record.completed(pid, pid, started)
             write_record(self._sup.work_dir, record)
+        except OSError as exc:  # the spawn itself (a command that vanished, no permission)
+            remove_record(self._sup.work_dir, rid)
+            self._refuse(spec, restarts, log_path, f"could not start: {exc}")
+            return
         except Exception as exc:
             log.exception("engine %s could not be started", rid)
             remove_record(self._sup.work_dir, rid)
-            report = EngineReport(rid, spec.generation, transition(None, EngineEvent.EXITED)[0],
-                                  reason=f"could not start: {exc}", restarts=restarts,
-                                  log_tail=tail_lines(log_path, self._sup.log_lines))
-            self._exited[rid] = report
-            self._call(report)
+            self._refuse(spec, restarts, log_path, f"could not start: {exc}", logged=True)
             return
         if plan.env_overrides:
             log.info("engine %s: the deployment's env replaces llmgw's %s", rid,
@@ -196,6 +222,33 @@ class Supervisor:
         self._engines[rid] = eng
         self._event(eng, EngineEvent.STARTED, f"started (pid {pid})")
         nursery.start_soon(self._run, eng)
+
+    def _refuse(self, spec: EngineSpec, restarts: int, log_path: str, reason: str, *,
+                conflict_port: int = 0, logged: bool = False) -> None:
+        """Report `spec` as exited without a process: it was not (or could not be) started.
+        The reason goes to the engine's log too, for `ctl logs`."""
+        rid = spec.replica_id
+        if not logged:
+            log.warning("engine %s gen %d: %s", rid, spec.generation, reason)
+        try:
+            with open(log_path, "a") as f:
+                f.write(f"llmgw agent: {reason}\n")
+        except OSError as exc:
+            log.debug("engine %s: cannot write %s: %s", rid, log_path, exc)
+        report = EngineReport(rid, spec.generation, transition(None, EngineEvent.EXITED)[0],
+                              reason=reason, restarts=restarts, conflict_port=conflict_port,
+                              log_tail=tail_lines(log_path, self._sup.log_lines))
+        self._exited[rid] = report
+        self._call(report)
+
+    def _conflict(self, eng: _Engine, conflict: PortConflict) -> None:
+        """Another process answers on `eng`'s port: never ready; stop it, say who."""
+        if eng.failed:
+            return
+        eng.failed = conflict.reason
+        self._event(eng, EngineEvent.PORT_CONFLICT, conflict.reason, conflict_port=conflict.port)
+        eng.stop_reason = "its port is answered by another process"
+        eng.stop_requested.set()
 
     def _launch_watch(self, record: EngineRecord, reason: str) -> None:
         nursery = self._nursery_or_raise()
@@ -270,6 +323,13 @@ class Supervisor:
         # The leader is gone; members it left in its session (its workers, Ray) go too.
         if procs.session_pids(rec.sid):
             killed = await procs.stop_session(rec.sid, self._sup.stop_timeout) or killed
+        if (eng.health and not eng.failed and not eng.stop_requested.is_set()
+                and eng.state is EngineState.STARTING):
+            # Died before its first 200: when someone else now holds its port, that is why.
+            conflict = await trio.to_thread.run_sync(self._port_taken, rec.spec.port)
+            if conflict is not None:
+                eng.failed = f"{conflict.reason} (the engine exited before it was ready)"
+                eng.report = evolve(eng.report, conflict_port=conflict.port)
         if eng.failed:
             reason = eng.failed
         elif eng.stop_requested.is_set():
@@ -288,12 +348,32 @@ class Supervisor:
             self._exited[rec.spec.replica_id] = eng.report
         eng.done.set()
 
+    def _port_taken(self, port: int) -> PortConflict | None:
+        if ports.port_free(self._config.mgmt_addr, port):
+            return None
+        return ports.taken_by(self._config.mgmt_addr, port)
+
     async def _watch_health(self, eng: _Engine) -> None:
         host, port = self._config.mgmt_addr, eng.spec.port
+        answered = 0
 
         async def probe() -> bool:
+            nonlocal answered
             timeout = min(5.0, max(0.5, self._sup.health_interval))
-            return await http_health(host, port, timeout=timeout)
+            if not await http_health(host, port, timeout=timeout):
+                return False
+            # A 200 counts only from the engine's own session: on the way to ready, and
+            # every OWNER_CHECK_EVERY answers after that.
+            due = eng.state is not EngineState.READY or answered % OWNER_CHECK_EVERY == 0
+            answered += 1
+            if not due or eng.record.sid <= 0:
+                return True
+            conflict = await trio.to_thread.run_sync(ports.owner_conflict, host, port,
+                                                     eng.record.sid)
+            if conflict is None:
+                return True
+            self._conflict(eng, conflict)
+            return False
 
         def on_event(event: HealthEvent) -> None:
             if event is HealthEvent.READY:
