@@ -55,6 +55,7 @@ class ClientConn:
         "header_timeout",
         "head_deadline",
         "head_timed_out",
+        "idled_out",
         "keep_alive",
         "http10",
         "responded",
@@ -78,6 +79,7 @@ class ClientConn:
         # request's clock starts with the connection.
         self.head_deadline = self.waiting_since + header_timeout
         self.head_timed_out = False
+        self.idled_out = False
         self.keep_alive = True
         self.http10 = False
         self.responded = False  # a response head went out for the current request
@@ -114,6 +116,7 @@ class ClientConn:
                     self.head_timed_out = True  # the request loop answers 408
                     break
                 if self.waiter is not None and now >= self.waiting_since + self.idle:
+                    self.idled_out = True
                     break  # idle: treated as the client gone
                 if self.waiter is None:
                     self.waiting_since = now  # busy serving: look again later
@@ -182,6 +185,9 @@ class ClientConn:
             if not data:
                 if self.head_timed_out:
                     raise H1Error(408, f"the request head did not arrive within {self.header_timeout:g}s")
+                if (p.in_head or p.state) and not self.idled_out:
+                    # The client ended its half of the connection inside a request.
+                    raise H1Error(400, "the connection ended in the middle of a request")
                 return None
             p.feed(data)
 
