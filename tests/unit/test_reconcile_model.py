@@ -1,0 +1,226 @@
+"""A model-based test of the pure cores: reconcile, placement and the replica lifecycle
+table, under random sequences of operator and node events.
+
+A hypothesis state machine plays the operator (apply, spec change, scale, delete, cordon,
+uncordon, drain), the nodes (ready, suspect, lost, back) and their agents (which run
+exactly their desired set, and whose engines start, become ready, exit or turn
+unhealthy), and time. After every pass it checks what must always hold; `settle` then
+checks what must hold after quiet time with room enough.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from attrs import evolve
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from fakes.cluster import node
+from llmgw.model.deployment import Deployment, Replica, ReplicaState
+from llmgw.model.engine import EngineKind, EngineReport, EngineState
+from llmgw.model.node import NodeState
+from llmgw.server.placement import NodeView
+from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
+
+S = ReplicaState
+NODES = ("a", "b")
+NAMES = ("x", "y")
+GPUS_PER_NODE = 2
+SETTINGS = ReconcileSettings(backoff_base=5.0, backoff_cap=40.0, stable_after=30.0, grace_period=60.0)
+
+
+def spec(name: str, replicas: int, variant: int) -> Deployment:
+    return Deployment(name=name, model=f"org/{name}", engine=EngineKind.VLLM, gpus_per_node=1,
+                      replicas=replicas, args=(f"--variant={variant}",))
+
+
+class Cluster(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.views: dict[str, NodeView] = {n: node(n, GPUS_PER_NODE, fabrics=("ib-a",)) for n in NODES}
+        self.deps: dict[str, Deployment] = {}
+        self.replicas: dict[str, Replica] = {}
+        self.floor = 0
+        # What each node's agent runs: (replica id, generation) -> the engine's state.
+        self.engines: dict[str, dict[tuple[str, int], EngineState]] = {n: {} for n in NODES}
+        self.pending: dict[str, str] = {}
+        # Whether the last event may lower the ready count (scale-down, loss, failures,
+        # a spec change that has no room to surge), and the count before it.
+        self.may_drop = False
+        self.ready_before: dict[str, int] = {}
+
+    # ---- the pass, and the agents following their desired sets ----
+
+    def run_pass(self) -> None:
+        reports = {
+            n: [EngineReport(rid, gen, st) for (rid, gen), st in self.engines[n].items()]
+            for n, v in self.views.items() if v.state == NodeState.READY
+        }
+        res = reconcile(self.deps, self.replicas, self.views, reports, self.now, SETTINGS, self.floor)
+        assert res.generation_floor >= self.floor
+        self.replicas, self.floor, self.pending = res.replicas, res.generation_floor, res.pending
+        sets = desired_sets(self.replicas.values(), NODES)
+        for n in NODES:
+            if self.views[n].state == NodeState.LOST:
+                continue  # cut off: it hears nothing, its engines run on
+            wanted = {(s.replica_id, s.generation) for s in sets[n]}
+            self.engines[n] = {k: st for k, st in self.engines[n].items() if k in wanted}
+            for k in wanted:
+                self.engines[n].setdefault(k, EngineState.STARTING)
+
+    def ready_counts(self) -> dict[str, int]:
+        return dict(Counter(r.deployment for r in self.replicas.values() if r.state == S.READY))
+
+    def event(self, *, may_drop: bool) -> None:
+        self.ready_before = self.ready_counts()
+        self.may_drop = may_drop
+        self.run_pass()
+
+    # ---- operator ----
+
+    @rule(name=st.sampled_from(NAMES), replicas=st.integers(0, 4), variant=st.integers(0, 1))
+    def apply(self, name: str, replicas: int, variant: int) -> None:
+        old = self.deps.get(name)
+        self.deps[name] = spec(name, replicas, variant)
+        may_drop = old is not None and (replicas < old.replicas or old.args != self.deps[name].args)
+        self.event(may_drop=may_drop)
+
+    @precondition(lambda self: bool(self.deps))
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        del self.deps[data.draw(st.sampled_from(sorted(self.deps)))]
+        self.event(may_drop=True)
+
+    @rule(n=st.sampled_from(NODES), how=st.sampled_from(["cordon", "drain", "uncordon"]))
+    def cordon(self, n: str, how: str) -> None:
+        self.views[n] = evolve(self.views[n], cordoned=how != "uncordon", draining=how == "drain")
+        self.event(may_drop=False)
+
+    @rule(n=st.sampled_from(NODES))
+    def drain_and_return(self, n: str) -> None:
+        """An operator drains a node for maintenance and puts it back after the drain ran."""
+        self.cordon(n, "drain")
+        self.settle_engines()
+        self.cordon(n, "uncordon")
+
+    # ---- nodes ----
+
+    @rule(n=st.sampled_from(NODES), state=st.sampled_from(list(NodeState)))
+    def node_state(self, n: str, state: NodeState) -> None:
+        v = self.views[n]
+        silent = None if state == NodeState.READY else (v.silent_since or self.now)
+        self.views[n] = evolve(v, state=state, silent_since=silent)
+        self.event(may_drop=state == NodeState.LOST)
+
+    # ---- engines ----
+
+    @rule(data=st.data(), state=st.sampled_from([EngineState.READY, EngineState.EXITED,
+                                                 EngineState.UNHEALTHY, EngineState.FAILED]))
+    def engine(self, data: st.DataObject, state: EngineState) -> None:
+        running = [(n, k) for n in NODES for k in self.engines[n]]
+        if not running:
+            return
+        n, k = data.draw(st.sampled_from(sorted(running)))
+        self.engines[n][k] = state
+        self.event(may_drop=state != EngineState.READY)
+
+    @rule(seconds=st.sampled_from([1.0, 10.0, 60.0, 300.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        self.event(may_drop=False)
+
+    # ---- after quiet time ----
+
+    def settle_engines(self, passes: int = 12) -> None:
+        """Engines come up and backoffs end, pass after pass."""
+        for _ in range(passes):
+            self.run_pass()
+            for n in NODES:
+                for k in self.engines[n]:
+                    self.engines[n][k] = EngineState.READY
+            self.now += SETTINGS.backoff_cap + 1
+        self.run_pass()
+
+    @rule()
+    def settle(self) -> None:
+        """Every node back and ready, engines come up, backoffs end: the cluster converges."""
+        for n in NODES:
+            self.views[n] = evolve(self.views[n], state=NodeState.READY, silent_since=None)
+        self.settle_engines()
+        self.ready_before, self.may_drop = self.ready_counts(), True
+        schedulable = sum(GPUS_PER_NODE for v in self.views.values() if not v.cordoned)
+        if sum(d.replicas for d in self.deps.values()) > schedulable:
+            return
+        assert not self.pending, self.pending
+        for name, d in self.deps.items():
+            mine = [r for r in self.replicas.values() if r.deployment == name]
+            assert len(mine) == d.replicas, (name, [r.id for r in mine])
+            assert all(r.state == S.READY for r in mine), [(r.id, r.state) for r in mine]
+            assert all(r.spec.template_hash() == d.template_hash() for r in mine)
+            assert not any(r.replaces for r in mine)
+            assert not any(self.views[m].draining for r in mine for m in r.node_ids)
+        assert {r.deployment for r in self.replicas.values()} <= set(self.deps)
+
+    def teardown(self) -> None:
+        # Every run ends with quiet time, so each one is also checked for convergence.
+        self.settle()
+
+    # ---- what always holds ----
+
+    @invariant()
+    def no_gpu_or_port_twice(self) -> None:
+        gpus: Counter[tuple[str, str]] = Counter()
+        ports: Counter[tuple[str, int]] = Counter()
+        for r in self.replicas.values():
+            for m in r.members:
+                gpus.update((m.node_id, g) for g in m.gpus)
+                ports.update((m.node_id, p) for p in m.bound_ports())
+        assert not [k for k, c in gpus.items() if c > 1], gpus
+        assert not [k for k, c in ports.items() if c > 1], ports
+
+    @invariant()
+    def one_generation_per_replica_in_desired_sets(self) -> None:
+        seen: dict[str, set[int]] = {}
+        for specs in desired_sets(self.replicas.values()).values():
+            for s in specs:
+                seen.setdefault(s.replica_id, set()).add(s.generation)
+        assert all(len(g) == 1 for g in seen.values()), seen
+
+    @invariant()
+    def ready_never_drops_without_cause(self) -> None:
+        if self.may_drop:
+            return
+        now = self.ready_counts()
+        for name, before in self.ready_before.items():
+            d = self.deps.get(name)
+            if d is not None:
+                assert now.get(name, 0) >= min(d.replicas, before), (name, before, now)
+
+    @invariant()
+    def replacements_point_at_replicas_of_their_deployment(self) -> None:
+        for r in self.replicas.values():
+            if r.replaces:
+                old = self.replicas.get(r.replaces)
+                assert old is None or old.deployment == r.deployment
+
+
+EXAMPLES = int(os.environ.get("LLMGW_MODEL_EXAMPLES", "60"))
+
+TestCluster = Cluster.TestCase
+TestCluster.settings = settings(max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+                                database=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.long
+def test_model_long() -> None:
+    """The same machine, many more and longer runs (`pytest -m long`; .ci/run runs it)."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(Cluster, settings=settings(
+        max_examples=max(EXAMPLES, 1500), stateful_step_count=80, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow]))
