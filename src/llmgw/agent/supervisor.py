@@ -322,6 +322,11 @@ class Supervisor:
                 nursery.cancel_scope.cancel()  # the stopper has nothing left to stop
         # The leader is gone; members it left in its session (its workers, Ray) go too.
         if procs.session_pids(rec.sid):
+            if not eng.stop_requested.is_set() and eng.state is EngineState.READY:
+                # Not ready from this moment: stopping what is left (vLLM's EngineCore and
+                # workers) can take up to stop_timeout, and the routers must not wait for it.
+                self._event(eng, EngineEvent.HEALTH_FAIL,
+                            "engine process exited; stopping what is left of its session")
             killed = await procs.stop_session(rec.sid, self._sup.stop_timeout) or killed
         if (eng.health and not eng.failed and not eng.stop_requested.is_set()
                 and eng.state is EngineState.STARTING):
