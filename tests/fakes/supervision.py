@@ -26,12 +26,15 @@ class Reports:
         mine = [r for r in self.seen if r.replica_id == rid]
         return mine[-1] if mine else None
 
-    async def wait(self, rid: str, state: EngineState, timeout: float = 15) -> EngineReport:
-        """The latest report of `rid` in `state`, once there is one."""
+    async def wait(self, rid: str, state: EngineState, timeout: float = 15,
+                   generation: int | None = None) -> EngineReport:
+        """The latest report of `rid` in `state` (of `generation`, when given), once there
+        is one. Give the generation wherever an older one of the same replica may still
+        report: its READY is not the new engine's."""
         with trio.fail_after(timeout):
             while True:
                 for r in reversed(self.seen):
-                    if r.replica_id == rid and r.state is state:
+                    if r.replica_id == rid and r.state is state and generation in (None, r.generation):
                         return r
                 await trio.sleep(0.05)
 

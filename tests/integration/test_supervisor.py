@@ -220,7 +220,7 @@ async def test_agent_sigkilled_at_random_moments(tmp_path: Path, prefix: str) ->
         await nursery.start(sup.serve)
         await sup.apply(tuple(specs))
         for s in specs:
-            await reports.wait(s.replica_id, EngineState.READY, timeout=20)
+            await reports.wait(s.replica_id, EngineState.READY, timeout=20, generation=s.generation)
             assert await trio.to_thread.run_sync(chat, s.port, s.served_name) == 200
         records = read_records(str(work))
         assert sorted(r.spec.replica_id for r in records) == sorted(s.replica_id for s in specs)
