@@ -19,12 +19,12 @@ from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import EngineAvailability, Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.control import CONFLICT_PORT_TTL, MAX_CONFLICT_PORTS, Node
-from llmgw.server.placement import ClusterView, Placement, Unschedulable, place
+from llmgw.server.placement import ClusterView, NodeView, Placement, Unschedulable, place
 
 
 def cfg(**engines: object) -> AgentConfig:
     return AgentConfig(node_id="n", server="tcp://127.0.0.1:1", keys=KeysConfig("s", "p"),
-                       mgmt_addr="127.0.0.1", engines=EnginesConfig(**engines))  # type: ignore[arg-type]
+                       mgmt_addr="127.0.0.1", engines=EnginesConfig(**engines))
 
 
 def script(path: Path, first: str = "#!/bin/sh") -> Path:
@@ -114,7 +114,7 @@ def dep(engine: EngineKind = EngineKind.VLLM) -> Deployment:
     return Deployment(name="d", model="org/m", gpus_per_node=1, replicas=1, engine=engine)
 
 
-def lacking(view_id: str, *kinds: str) -> object:
+def lacking(view_id: str, *kinds: str) -> NodeView:
     engines = tuple(EngineAvailability(k, False, key=f"engines.{k}.bin", command=k,
                                        reason=f"{k} not found") for k in kinds)
     v = node(view_id)
@@ -122,7 +122,7 @@ def lacking(view_id: str, *kinds: str) -> object:
 
 
 def test_placement_filters_nodes_without_the_engine_with_a_reason() -> None:
-    c = cluster(lacking("a", "vllm"), lacking("b", "vllm"), lacking("c", "vllm"))  # type: ignore[arg-type]
+    c = cluster(lacking("a", "vllm"), lacking("b", "vllm"), lacking("c", "vllm"))
     r = place(dep(), c)
     assert isinstance(r, Unschedulable)
     assert r.reason == "0/3 nodes fit: 3 lacked engine vllm (engines.vllm.bin: vllm not found)"
@@ -131,7 +131,7 @@ def test_placement_filters_nodes_without_the_engine_with_a_reason() -> None:
 
 
 def test_old_inventory_without_engines_counts_as_able() -> None:
-    c = cluster(lacking("a", "vllm"), node("b"))  # type: ignore[arg-type]
+    c = cluster(lacking("a", "vllm"), node("b"))
     p = place(dep(), c)
     assert isinstance(p, Placement) and p.members[0].node_id == "b"
 
