@@ -152,6 +152,14 @@ def test_place_lose_return_restart_drain(rig: Rig, tmp_path: Path) -> None:
         stop.set()
         t.join()
     assert lowest[0] >= 3
+    # The drain shows, in the table as kubectl writes it and as booleans in JSON.
+    row = next(n for n in json.loads(c.ctl("get", "nodes", "-o", "json").stdout) if n["id"] == node)
+    assert row["cordoned"] is True and row["draining"] is True
+    assert f"{node} " in c.ctl("status").stdout
+    assert "ready,SchedulingDisabled,Draining" in c.ctl("status").stdout
+    assert c.ctl("uncordon", node).returncode == 0
+    row = next(n for n in json.loads(c.ctl("get", "nodes", "-o", "json").stdout) if n["id"] == node)
+    assert row["cordoned"] is False and row["draining"] is False
 
     # --- Deleting the deployments stops every engine.
     for name in ("single", "gang"):

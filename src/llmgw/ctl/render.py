@@ -41,12 +41,22 @@ def _age(n: dict[str, Any]) -> str:
     return f"{n.get('heartbeat_age', 0):.0f}s"
 
 
+def node_state(n: dict[str, Any]) -> str:
+    """`ready`, or kubectl's way for a cordoned node: `ready,SchedulingDisabled`."""
+    state = n["state"]
+    if n.get("draining"):
+        return f"{state},SchedulingDisabled,Draining"
+    if n.get("cordoned"):
+        return f"{state},SchedulingDisabled"
+    return str(state)
+
+
 def render_status(st: dict[str, Any]) -> str:
     out: list[str] = []
     nodes = st.get("nodes", [])
     rows = [
         [
-            n["id"], n["state"], _age(n), n["mgmt_addr"],
+            n["id"], node_state(n), _age(n), n["mgmt_addr"],
             ",".join(f"{k}={v}" for k, v in sorted(n.get("labels", {}).items())) or "-",
             ",".join(f"{f['name']}({f['state']})" for f in n.get("fabrics", [])) or "island",
             _gpus(n), _storage(n),

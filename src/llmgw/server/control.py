@@ -92,6 +92,9 @@ class Node:
     engines: dict[str, EngineReport] = field(factory=dict)
     connected: bool = True  # has a live session (cut on revocation)
     key: str = ""  # the public key of the live session; its messages alone are the node's
+    cordoned: bool = False  # placement puts nothing new here (ctl cordon, drain)
+    draining: bool = False  # its replicas move away, new ones ready first (ctl drain)
+    silent_since: float | None = None  # when it went silent (suspect, lost); None: heard
     # Ports the node reported in conflict -> when (server clock). Bounded: the oldest go
     # first past MAX_CONFLICT_PORTS; expired after CONFLICT_PORT_TTL; cleared on Hello.
     conflict_ports: dict[int, float] = field(factory=dict)

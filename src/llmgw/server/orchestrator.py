@@ -68,8 +68,6 @@ class Orchestrator:
         self.next_wake: float | None = None
         self.sets: dict[str, tuple[EngineSpec, ...]] = desired_sets(self.replicas.values())
         self.set_generation = 0
-        self.cordons: dict[str, tuple[bool, bool]] = {}
-        self.silent_since: dict[str, float] = {}
         self._dirty = trio.Event()
         self._send: Callable[[list[Outgoing]], None] = lambda out: None
         self._endpoints: dict[str, Any] = {}
@@ -78,10 +76,9 @@ class Orchestrator:
         self.failed_passes = 0
         # Nodes known from before a restart get the long first grace period to return.
         for node_id, stored in store.nodes().items():
-            self.cordons[node_id] = (stored.cordoned, stored.draining)
             cp.nodes[node_id] = Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
-                                     now, b"", connected=False)
-            self.silent_since[node_id] = now
+                                     now, b"", connected=False, cordoned=stored.cordoned,
+                                     draining=stored.draining, silent_since=now)
         cp.lost_not_before = now + config.restart_grace
         cp.on_node_change = self._node_changed
         cp.on_tick = self._ticked
@@ -102,7 +99,7 @@ class Orchestrator:
     # ---- triggers from the control plane ----
 
     def _node_changed(self, node: Node, now: float, what: str) -> list[Outgoing]:
-        self.silent_since.pop(node.node_id, None)
+        node.silent_since = None
         hello = what == "hello"
         if what in ("hello", "inventory"):
             self.store_later(node)
@@ -114,8 +111,8 @@ class Orchestrator:
 
     def _ticked(self, changed: list[tuple[Node, NodeState]], now: float) -> list[Outgoing]:
         for node, _before in changed:
-            if node.state != NodeState.READY:
-                self.silent_since.setdefault(node.node_id, node.last_seen)
+            if node.state != NodeState.READY and node.silent_since is None:
+                node.silent_since = node.last_seen
         if changed or (self.next_wake is not None and now >= self.next_wake):
             self.mark_dirty()
         return []
@@ -138,10 +135,9 @@ class Orchestrator:
     def node_views(self) -> dict[str, NodeView]:
         views = {}
         for n in self.cp.nodes.values():
-            cordoned, draining = self.cordons.get(n.node_id, (False, False))
             views[n.node_id] = NodeView(
-                info=n.info, inventory=n.inventory, state=n.state, cordoned=cordoned,
-                draining=draining, silent_since=self.silent_since.get(n.node_id))
+                info=n.info, inventory=n.inventory, state=n.state, cordoned=n.cordoned,
+                draining=n.draining, silent_since=n.silent_since)
         return views
 
     async def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:
@@ -252,7 +248,8 @@ class Orchestrator:
             raise RequestError(f"no node named {clip(node_id, 100)!r}")
         await trio.to_thread.run_sync(
             lambda: self.store.set_cordoned(node_id, op.cordoned, draining=op.draining))
-        self.cordons[node_id] = (op.cordoned, op.draining)
+        node = self.cp.nodes[node_id]
+        node.cordoned, node.draining = op.cordoned, op.draining
         self.mark_dirty()
         return {"node": node_id, "cordoned": op.cordoned, "draining": op.draining}
 

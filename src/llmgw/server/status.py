@@ -43,6 +43,8 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
     return {
         "id": node.node_id,
         "state": str(node.state),
+        "cordoned": node.cordoned,
+        "draining": node.draining,
         "heartbeat_age": round(max(0.0, now - node.last_seen), 1),
         "connected": node.connected,
         "mgmt_addr": node.info.mgmt_addr,
