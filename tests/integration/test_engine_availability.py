@@ -79,7 +79,7 @@ def test_vllm_deployment_pending_until_the_binary_appears(tmp_path: Path) -> Non
         def describe() -> dict[str, Any]:
             out = c.ctl("describe", "deployment", "v", "-o", "json")
             assert out.returncode == 0, out.stderr
-            return json.loads(out.stdout)  # type: ignore[no-any-return]
+            return json.loads(out.stdout)
 
         wait_for(lambda: want in json.dumps(describe()), 20, "the pending reason", interval=0.5)
         statuses = {d["name"]: d["status"] for d in c.status()["deployments"]}
