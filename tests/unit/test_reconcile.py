@@ -432,3 +432,15 @@ def test_every_state_change_is_in_the_lifecycle_table() -> None:
         next_state(S.READY, ReplicaEvent.RESTART)
     with pytest.raises(InvalidReplicaTransition):
         next_state(S.BACKOFF, ReplicaEvent.ENGINES_READY)
+
+
+def test_port_conflict_places_again_on_another_port_without_backoff() -> None:
+    w = World(cluster(node("a")), dep(1))
+    w.step()
+    r = w.replicas["d-0"]
+    port = r.members[0].port
+    w.set_node("a", blocked_ports=frozenset({port}))
+    w.step(reports_for(w.replicas, EngineState.FAILED, conflict_port=port, reason="port in use"))
+    r2 = w.replicas["d-0"]
+    assert r2.state == S.STARTING and r2.restarts == 0
+    assert r2.members[0].port != port and r2.generation > r.generation

@@ -137,7 +137,8 @@ class Orchestrator:
         for n in self.cp.nodes.values():
             views[n.node_id] = NodeView(
                 info=n.info, inventory=n.inventory, state=n.state, cordoned=n.cordoned,
-                draining=n.draining, silent_since=n.silent_since)
+                draining=n.draining, silent_since=n.silent_since,
+                blocked_ports=frozenset(n.conflict_ports))
         return views
 
     async def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:

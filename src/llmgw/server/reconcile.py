@@ -7,7 +7,9 @@ it stores the replicas it returns, records the events, and sends each node in
 Rules, in the order one pass applies them:
 - A replica whose engines exited or failed waits out a capped exponential backoff, then
   starts again with a new generation (a gang is placed afresh; a single node restarts in
-  place). After `crashloop_after` failures in a row it shows as crash-looping.
+  place). After `crashloop_after` failures in a row it shows as crash-looping. One whose
+  engine found its port held by another process is placed again at once, elsewhere or on
+  another port (the node's blocked ports).
 - Gangs live and die together: one member failing or on a lost node stops all of them.
 - A suspect node's replicas stay. A lost node's replicas are placed elsewhere with a new
   generation, so the node's desired set no longer holds the old one when it returns.
@@ -295,6 +297,14 @@ def _observe(
         if rep is not None and rep.state in (EngineState.EXITED, EngineState.FAILED):
             failed = failed or rep
         states.append(rep.state if rep else EngineState.STARTING)
+    if failed is not None and failed.conflict_port:
+        # Not the engine's fault: another process holds its port. Placed again at once,
+        # with no backoff and no restart counted; placement avoids the node's blocked ports.
+        node_id = next(m.node_id for m in r.members
+                       if by_key.get((m.node_id, r.id, r.generation)) is failed)
+        p.event(r, f"port {failed.conflict_port} on {node_id} is taken ({failed.reason}): placing again")
+        p.place(p.unplace(r))
+        return
     if failed is not None:
         n = r.restarts + 1
         delay = min(s.backoff_cap, s.backoff_base * 2 ** (n - 1))
