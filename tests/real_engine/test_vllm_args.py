@@ -1,0 +1,97 @@
+"""Every vLLM launch plan llmgw builds is accepted by the installed vLLM's own `vllm serve`
+argument parser (and its validation), flag by exact flag: a flag renamed in a vLLM release
+fails here, not in a production rollout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.engines import build_plan
+from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
+from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+
+pytestmark = pytest.mark.real_engine
+HERE = Path(__file__).resolve().parent
+VLLM = "/opt/vllm/bin/vllm"
+
+
+def _config(mode: str) -> AgentConfig:
+    return AgentConfig(node_id="n1", server="tcp://10.0.0.9:5555", keys=KeysConfig("s", "p"),
+                       mgmt_addr="10.0.0.2", mgmt_interface="eno1",
+                       engines=EnginesConfig(vllm=VllmConfig(bin=VLLM, launch_mode=mode,
+                                                             ray_bin="/opt/vllm/bin/ray")))
+
+
+def _spec(rank: int | None) -> EngineSpec:
+    gang = None if rank is None else GangSpec(2, rank, "10.0.0.1", 29600, ("mlx5_0",),
+                                              ray_port=26379, ray_port_base=27000)
+    return EngineSpec("r1", 3, "llama", "/models/llama", "llama", EngineKind.VLLM,
+                      ("GPU-aaaa", "GPU-bbbb"), 20001, tensor_parallel=2,
+                      args=("--max-model-len", "512", "--enforce-eager"), gang=gang)
+
+
+def _plans() -> dict[str, tuple[str, ...]]:
+    out = {}
+    for name, mode, rank in (("single", "mp", None), ("mp-rank0", "mp", 0),
+                             ("mp-rank1-headless", "mp", 1), ("ray-head", "ray", 0)):
+        plan = build_plan(_spec(rank), _config(mode), "/var/lib/llmgw-agent")
+        argv = plan.main.argv
+        assert argv[0] == VLLM and argv[1] == "serve", argv
+        out[name] = argv[1:]
+    return out
+
+
+def _parse(venv: Path, argvs: list[list[str]]) -> list[dict]:
+    r = subprocess.run([str(venv / "bin" / "python"), str(HERE / "vllm_args_check.py")],
+                       input=json.dumps(argvs), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+RENAMED = "--served-model"  # --served-model-name, as a release might rename it
+PROBES = {"unknown flag": ["serve", "m", "--nnodez", "2"],
+          "prefix of a flag": ["serve", "m", "--nnode", "2"],
+          "renamed flag": ["serve", "m", RENAMED, "x"]}
+
+
+@pytest.fixture(scope="module")
+def parsed(vllm_venv: Path) -> dict[str, dict]:
+    """All argv lists through one vLLM import (it takes tens of seconds on 2 cores)."""
+    plans = _plans()
+    argvs = [list(a) for a in plans.values()] + list(PROBES.values())
+    return dict(zip([*plans, *PROBES], _parse(vllm_venv, argvs), strict=True))
+
+
+def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict]) -> None:
+    plans = _plans()
+    for name in plans:
+        assert parsed[name]["ok"], f"{name}: {' '.join(plans[name])}\n{parsed[name]['error']}"
+    single = parsed["single"]["args"]
+    assert (single["model_tag"], single["host"], single["port"]) == ("/models/llama", "10.0.0.2", 20001)
+    assert single["served_model_name"] == ["llama"] and single["tensor_parallel_size"] == 2
+    assert single["max_model_len"] == 512 and single["enforce_eager"] is True
+    head, member = parsed["mp-rank0"]["args"], parsed["mp-rank1-headless"]["args"]
+    for a, rank in ((head, 0), (member, 1)):
+        assert (a["nnodes"], a["node_rank"], a["pipeline_parallel_size"]) == (2, rank, 2)
+        assert (a["master_addr"], a["master_port"]) == ("10.0.0.1", 29600)
+        assert a["distributed_executor_backend"] == "mp"
+    assert head["headless"] is False and member["headless"] is True
+    ray = parsed["ray-head"]["args"]
+    assert ray["distributed_executor_backend"] == "ray" and ray["pipeline_parallel_size"] == 2
+
+
+def test_the_check_refuses_unknown_renamed_and_abbreviated_flags(parsed: dict[str, dict]) -> None:
+    for name in PROBES:
+        assert not parsed[name]["ok"], name
+    assert RENAMED in parsed["renamed flag"]["error"]
+    assert "--nnode" in parsed["prefix of a flag"]["error"]
+
+
+def test_headless_member_carries_the_deployment_args_last() -> None:
+    argv = _plans()["mp-rank1-headless"]
+    assert argv[-2:] == ("512", "--enforce-eager") and "--headless" in argv
+    assert "--host" not in argv  # headless members serve no API
