@@ -73,6 +73,9 @@ def test_sglang_python_and_its_version(tmp_path: Path) -> None:
     python = venv_with(tmp_path / "sg", "sglang", "0.5.1")
     got = by_kind(check_engines(cfg(sglang=SglangConfig(python=str(python)))))["sglang"]
     assert got.available and got.version == "0.5.1" and got.key == "engines.sglang.python"
+    bare = venv_with(tmp_path / "bare", "requests", "2.0")
+    without = by_kind(check_engines(cfg(sglang=SglangConfig(python=str(bare)))))["sglang"]
+    assert not without.available and without.reason == f"sglang is not installed for {bare}"
     missing = by_kind(check_engines(cfg(sglang=SglangConfig(python="python9")),
                                     search_path=str(tmp_path)))["sglang"]
     assert not missing.available and missing.reason == "python9 not found"

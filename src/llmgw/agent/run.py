@@ -31,6 +31,14 @@ log = logging.getLogger(__name__)
 OUTBOX_SIZE = 1000
 
 
+def engines_line(inventory: Inventory) -> str:
+    """What the log says of the engine kinds this node can start."""
+    able = [f"{e.kind} {e.version}".strip() for e in inventory.engines if e.available]
+    unable = [f"{e.kind} ({e.key}: {e.reason})" for e in inventory.engines if not e.available]
+    line = ", ".join(able) or "none"
+    return line + (f"; cannot start {', '.join(unable)}" if unable else "")
+
+
 def node_info(config: AgentConfig) -> NodeInfo:
     return NodeInfo(
         node_id=config.node_id,
@@ -99,24 +107,27 @@ class Agent:
             self._rediscover = trio.Event()
             try:
                 new = await discover(self.config, nvml=self.nvml, logged=self._logged,
-                                 python=self.python)
+                                     python=self.python)
             except Exception:
                 log.exception("discovery failed; keeping the last inventory")
                 continue
             if inventory_changed(self.inventory, new):
+                if new.engines != self.inventory.engines:
+                    log.info("engines: %s", engines_line(new))
                 self.inventory = new
                 self._post(InventoryChanged(new))
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A configuration that contradicts the node (a missing HCA) stops us here.
         self.inventory = await discover(self.config, nvml=self.nvml, logged=self._logged,
-                                 python=self.python)
+                                        python=self.python)
         log.info(
-            "node %s: %d GPUs (%s), fabrics: %s, storage: %s",
+            "node %s: %d GPUs (%s), fabrics: %s, storage: %s, engines: %s",
             self.config.node_id, len(self.inventory.gpus), self.inventory.gpu_source,
             ", ".join(f"{f.name}={f.state}" for f in self.inventory.fabrics) or "none (island)",
             f"{len(self.inventory.storage.models)} models" if self.inventory.storage.asked
             else "not asked",
+            engines_line(self.inventory),
         )
         pair = load_pair(self.config.keys.secret_key)
         server_public = load_public(self.config.keys.server_key)

@@ -82,14 +82,24 @@ def _read_version(metadata: str) -> str:
     return version
 
 
-def package_version(interpreter: str, packages: tuple[str, ...]) -> str:
-    """The version of the first of `packages` installed for `interpreter`; "" if none."""
+def site_folders(interpreter: str) -> tuple[str, ...]:
+    """The existing site-packages folders `interpreter` may import from: its prefix's,
+    that prefix's local/ (Debian's pip), and the user's ~/.local."""
     prefix = os.path.dirname(os.path.dirname(interpreter))
-    try:
-        lib = tuple(os.listdir(os.path.join(prefix, "lib")))
-    except OSError:
-        return ""
-    for folder in site_dirs(interpreter, lib):
+    out: list[str] = []
+    for root in (prefix, os.path.join(prefix, "local"), os.path.expanduser("~/.local")):
+        try:
+            lib = tuple(os.listdir(os.path.join(root, "lib")))
+        except OSError:
+            continue
+        out += [d for d in site_dirs(root, lib) if os.path.isdir(d)]
+    return tuple(dict.fromkeys(out))
+
+
+def package_version(interpreter: str, packages: tuple[str, ...]) -> str | None:
+    """The version of the first of `packages` installed for `interpreter` ("" when its
+    metadata has none); None when none is found where the interpreter looks."""
+    for folder in site_folders(interpreter):
         try:
             entries = sorted(os.listdir(folder))
         except OSError:
@@ -97,10 +107,8 @@ def package_version(interpreter: str, packages: tuple[str, ...]) -> str:
         for package in packages:
             for entry in entries:
                 if dist_info_matches(entry, package):
-                    version = _read_version(os.path.join(folder, entry, "METADATA"))
-                    if version:
-                        return version
-    return ""
+                    return _read_version(os.path.join(folder, entry, "METADATA"))
+    return None
 
 
 def _interpreter_of(path: str) -> str:
@@ -116,10 +124,17 @@ def _check(kind: str, key: str, command: str, search_path: str | None) -> Engine
         return EngineAvailability(kind, False, key=key, command=command, reason=why)
     version = ""
     packages = PACKAGES.get(kind)
-    if packages:
-        interpreter = _interpreter_of(path)
-        if interpreter:
-            version = package_version(interpreter, packages)
+    interpreter = _interpreter_of(path) if packages else ""
+    if packages and interpreter:
+        found = package_version(interpreter, packages)
+        if found is not None:
+            version = found
+        elif kind == EngineKind.SGLANG and site_folders(interpreter):
+            # The python resolves but sglang is not where it imports from. (vllm's own
+            # script resolving is enough: its metadata may live elsewhere.)
+            return EngineAvailability(kind, False, key=key, command=command, path=path,
+                                      reason=f"{packages[0]} is not installed for {command}"
+                                             + (f" ({path})" if path != command else ""))
     return EngineAvailability(kind, True, key=key, command=command, path=path, version=version)
 
 

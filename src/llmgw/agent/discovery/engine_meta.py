@@ -54,13 +54,13 @@ def dist_info_matches(dirname: str, package: str) -> bool:
     return normalise(name) == normalise(package)
 
 
-def site_dirs(interpreter: str, lib_entries: tuple[str, ...]) -> tuple[str, ...]:
-    """Candidate site-packages folders of `interpreter` (…/bin/python3 -> …/lib/pythonX.Y/
-    site-packages), given the names found in its prefix's `lib` folder."""
-    prefix = posixpath.dirname(posixpath.dirname(interpreter))
+def site_dirs(root: str, lib_entries: tuple[str, ...]) -> tuple[str, ...]:
+    """Candidate site-packages folders under `root` (a prefix such as a venv, /usr or
+    /usr/local), given the names found in `root`/lib: lib/pythonX.Y/site-packages,
+    lib/pythonX.Y/dist-packages and Debian's lib/python3/dist-packages."""
     out = []
     for entry in sorted(lib_entries):
         if entry.startswith("python"):
-            base = posixpath.join(prefix, "lib", entry)
+            base = posixpath.join(root, "lib", entry)
             out += [posixpath.join(base, "site-packages"), posixpath.join(base, "dist-packages")]
     return tuple(out)
