@@ -143,7 +143,9 @@ async def test_openai_endpoints(engine: SimEngineProcess) -> None:
     status, _, body = await request(engine.port, "GET", "/metrics")
     text = body.decode()
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert f'vllm:{name}{{model_name="sim"}}' in text
+        assert f'vllm:{name}{{engine="0",model_name="sim"}}' in text
+    # As vLLM 0.32: split by reason too, and the parser must not count that twice.
+    assert 'vllm:num_requests_waiting_by_reason{engine="0",model_name="sim",reason="capacity"}' in text
 
 
 async def test_keep_alive(engine: SimEngineProcess) -> None:
@@ -166,7 +168,9 @@ async def test_stream_paced_by_token_rate(tmp_path: Path) -> None:
     chunks = [json.loads(p) for _, p in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    # vLLM's shape: the last content delta carries the finish_reason (no empty delta after).
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"][0]["delta"].get("content")
     times = [t for (t, _), c in zip(events, chunks, strict=False) if c["choices"][0]["delta"].get("content")]
     assert len(times) == 8
     assert times[0] >= 0.25  # time to first token
@@ -186,11 +190,11 @@ async def test_client_disconnect_cancels_request(tmp_path: Path) -> None:
         assert (await _next(stream, conn)).status_code == 200
         await _next(stream, conn)
         _, _, metrics = await request(eng.port, "GET", "/metrics")
-        assert 'vllm:num_requests_running{model_name="sim"} 1.0' in metrics.decode()
+        assert 'vllm:num_requests_running{engine="0",model_name="sim"} 1.0' in metrics.decode()
         await stream.aclose()
         await until(lambda: "cancelled by client" in eng.log_text(), 5)
         _, _, metrics = await request(eng.port, "GET", "/metrics")
-        assert 'vllm:num_requests_running{model_name="sim"} 0.0' in metrics.decode()
+        assert 'vllm:num_requests_running{engine="0",model_name="sim"} 0.0' in metrics.decode()
         assert "request cmpl-" in eng.log_text()
 
 

