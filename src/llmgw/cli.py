@@ -102,6 +102,8 @@ def cmd_dev(args: argparse.Namespace) -> None:
         router_port=args.router_port,
         real_gpus=args.real_gpus,
         simulated_gpus=args.simulated_gpus,
+        vllm_bin=args.vllm_bin,
+        sglang_python=args.sglang_python,
     )
     trio.run(run_dev, opts)
 
@@ -169,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use this machine's GPUs where it has any (default: simulated GPUs)")
     dv.add_argument("--simulated-gpus", type=int, default=2,
                     help="how many simulated GPUs the agent reports (default 2)")
+    dv.add_argument("--vllm-bin", default="",
+                    help="the vllm program vLLM deployments run, e.g. VENV/bin/vllm "
+                    "(engines.vllm.bin; default: vllm on PATH)")
+    dv.add_argument("--sglang-python", default="",
+                    help="the python that runs SGLang deployments, with sglang installed "
+                    "(engines.sglang.python; default: python3 on PATH)")
     dv.set_defaults(func=cmd_dev)
 
     k = sub.add_parser("keys", help="CURVE key pairs")

@@ -11,7 +11,6 @@ else; a second Ctrl-C forces it, and whatever engine is still alive then is kill
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -75,6 +74,8 @@ class DevOptions:
     router_port: int = 8080
     real_gpus: bool = False
     simulated_gpus: int = 2
+    vllm_bin: str = ""  # engines.vllm.bin ("": `vllm` on PATH)
+    sglang_python: str = ""  # engines.sglang.python ("": `python3` on PATH)
 
 
 @frozen
@@ -129,6 +130,9 @@ def check_options(opts: DevOptions) -> None:
         raise UsageError(f"--port-base {opts.port_base}: engines need 1000 ports from 1024..65535")
     if opts.simulated_gpus < 0:
         raise UsageError(f"--simulated-gpus {opts.simulated_gpus}: must be 0 or more")
+    for flag, path in (("--vllm-bin", opts.vllm_bin), ("--sglang-python", opts.sglang_python)):
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(f"{flag} {path}: not an executable file")
     if opts.router_port and not port_is_free(HOST, opts.router_port):
         raise UsageError(
             f"port {opts.router_port} on {HOST} is in use (another llmgw dev or router?); "
@@ -179,6 +183,13 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
                        "health_interval": "500ms"},
         "port_range": [opts.port_base, opts.port_base + 999],
     }
+    engines: dict[str, Any] = {}
+    if opts.vllm_bin:
+        engines["vllm"] = {"bin": os.path.abspath(opts.vllm_bin)}
+    if opts.sglang_python:
+        engines["sglang"] = {"python": os.path.abspath(opts.sglang_python)}
+    if engines:
+        agent["engines"] = engines
     router = {
         "bind": f"{HOST}:{router_port}",
         "server": address,
@@ -343,8 +354,14 @@ async def bring_up(files: DevFiles, opts: DevOptions, router: tuple[str, int]) -
     _say("\n".join(lines))
 
 
-def _vllm_installed() -> bool:
-    return shutil.which("vllm") is not None or importlib.util.find_spec("vllm") is not None
+def _engine_line(name: str, flag: str, given: str, default: str) -> str:
+    """Which program serves `name` deployments, checked, in words."""
+    if given:
+        return f"{name} deployments run {os.path.abspath(given)} ({flag})"
+    found = shutil.which(default)
+    if found is None:
+        return f"{name} deployments would run `{default}`, which is not on PATH ({flag} names one)"
+    return f"{name} deployments run {found} (from PATH; {flag} names another)"
 
 
 def describe_setup(agent: Agent, opts: DevOptions) -> str:
@@ -354,9 +371,15 @@ def describe_setup(agent: Agent, opts: DevOptions) -> str:
         gpus = f"{len(inv.gpus)} simulated GPUs ({why})"
     else:
         gpus = f"{len(inv.gpus)} GPUs ({inv.gpu_source})"
-    engine = "the simulated engine (python -m llmgw.simengine)"
-    engine += "; vllm is not installed" if not _vllm_installed() else " for the demo"
-    return f"llmgw dev: {gpus} and {engine}"
+    first = f"llmgw dev: {gpus}"
+    if opts.demo:
+        first += "; the demo deployment is served by the simulated engine (python -m llmgw.simengine)"
+    lines = [first]
+    lines.append("  " + _engine_line("vLLM", "--vllm-bin", opts.vllm_bin, "vllm"))
+    sglang = opts.sglang_python or ""
+    lines.append("  " + _engine_line("SGLang", "--sglang-python", sglang, "python3")
+                 + ("" if sglang else "; it needs sglang installed"))
+    return "\n".join(lines)
 
 
 # ---- the run ----
