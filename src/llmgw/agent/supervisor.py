@@ -108,7 +108,9 @@ class Supervisor:
                     await eng.settled.wait()
 
     def reports(self) -> tuple[EngineReport, ...]:
-        live = [e.report for e in self._engines.values()]
+        """What a Hello carries: each live engine's report with the spec it runs (a server
+        that lost its state rebuilds from them), and the latest of those that exited."""
+        live = [evolve(e.report, spec=e.spec) for e in self._engines.values()]
         return tuple(sorted([*live, *self._exited.values()], key=lambda r: r.replica_id))
 
     async def apply(self, desired: tuple[EngineSpec, ...]) -> None:

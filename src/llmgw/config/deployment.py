@@ -123,26 +123,6 @@ def parse_deployment(data: Any, source: str) -> Deployment:
     )
 
 
-def deployment_plain(d: Deployment) -> dict[str, Any]:
-    """The mapping a deployment file would hold for `d`: parse_deployment's inverse, and
-    how a Deployment travels to the server (which parses it again, with this module)."""
-    return {
-        "name": d.name,
-        "model": d.model,
-        "engine": str(d.engine),
-        "gpus_per_node": d.gpus_per_node,
-        "replicas": d.replicas,
-        "nodes": d.nodes,
-        "served_name": d.served_name,
-        "gpu_memory_min": d.gpu_memory_min,
-        "selector": dict(d.selector),
-        "args": list(d.args),
-        "env": dict(d.env),
-        "startup_timeout": d.startup_timeout,
-        "strategy": str(d.strategy),
-    }
-
-
 def _int(data: Mapping[str, Any], key: str, source: str, *, minimum: int) -> int:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int):

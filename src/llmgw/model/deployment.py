@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+from typing import Any
 
 from attrs import Factory, field, frozen
 
@@ -50,6 +51,25 @@ class Deployment:
     @property
     def gang(self) -> bool:
         return self.nodes > 1
+
+    def plain(self) -> dict[str, Any]:
+        """The mapping a deployment file would hold for this deployment: the inverse of
+        config/deployment.py's parse_deployment, and how a Deployment travels."""
+        return {
+            "name": self.name,
+            "model": self.model,
+            "engine": str(self.engine),
+            "gpus_per_node": self.gpus_per_node,
+            "replicas": self.replicas,
+            "nodes": self.nodes,
+            "served_name": self.served_name,
+            "gpu_memory_min": self.gpu_memory_min,
+            "selector": dict(self.selector),
+            "args": list(self.args),
+            "env": dict(self.env),
+            "startup_timeout": self.startup_timeout,
+            "strategy": str(self.strategy),
+        }
 
     def template_hash(self) -> str:
         """Fingerprint of everything that shapes a replica (all but the replica count).
@@ -187,6 +207,7 @@ class Replica:
                     env=dict(d.env),
                     startup_timeout=d.startup_timeout,
                     gang=gang,
+                    origin=d.plain(),
                 )
             )
         return tuple(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from attrs import field, frozen
 
@@ -42,6 +43,10 @@ class EngineSpec:
     env: dict[str, str] = field(factory=dict)
     startup_timeout: float = 600.0  # seconds
     gang: GangSpec | None = None
+    # The deployment this engine was made from, as its file would hold it. The agent keeps
+    # it in the engine's record and sends it back at Hello, so that a server that lost its
+    # state can rebuild the deployment, template and all, without restarting the engine.
+    origin: dict[str, Any] = field(factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -72,3 +77,5 @@ class EngineReport:
     # or answered by a process outside the engine's session). The server stops assigning
     # it there; `reason` names the holder where the agent could see it.
     conflict_port: int = 0
+    # At Hello, a live engine's report carries the spec it runs (see EngineSpec.origin).
+    spec: EngineSpec | None = None

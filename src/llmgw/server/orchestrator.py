@@ -27,6 +27,7 @@ from llmgw.model.engine import EngineSpec
 from llmgw.model.node import NodeState
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
+from llmgw.server.rebuild import adoptable, rebuild
 from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
 from llmgw.server.status import deployment_rows, describe_deployment, node_rows, replica_rows
 from llmgw.server.store import Store, StoredEvent
@@ -74,6 +75,11 @@ class Orchestrator:
         self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
         self.failed_passes = 0
+        # Nodes whose Hello reported engines this state has no record of (rebuild.py):
+        # their desired set waits for the pass that adopts them.
+        self.adopt_from: set[str] = set()
+        self.rebuilt: set[str] = set()  # deployments rebuilt from engine records
+        self.rebuild_notes: list[str] = []
         # Nodes known from before a restart get the long first grace period to return.
         for node_id, stored in store.nodes().items():
             cp.nodes[node_id] = Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
@@ -105,9 +111,46 @@ class Orchestrator:
             self.store_later(node)
         self.mark_dirty()
         if hello:
-            return [(node.routing_id, DesiredSet(self._next_set_generation(),
-                                                 self.sets.get(node.node_id, ())))]
+            if any(adoptable(r, self.replicas, self.floor) for r in node.engines.values()):
+                self.adopt_from.add(node.node_id)
+                return []
+            return [self._set_for(node)]
         return []
+
+    def _set_for(self, node: Node) -> Outgoing:
+        return (node.routing_id, DesiredSet(self._next_set_generation(), self.sets.get(node.node_id, ())))
+
+    async def adopt(self, now: float) -> list[str]:
+        """Adopt what the nodes in `adopt_from` run and this state does not know; their
+        desired sets, which were held back, go out after the next pass."""
+        asking = {n: self.cp.nodes[n] for n in sorted(self.adopt_from) if n in self.cp.nodes}
+        res = rebuild(self.deployments, self.replicas,
+                      {n: tuple(node.engines.values()) for n, node in asking.items()},
+                      {n: node.info.mgmt_addr for n, node in asking.items()},
+                      self.floor, now, frozenset(self.rebuilt))
+        changed = [d for name, d in res.deployments.items() if self.deployments.get(name) != d]
+        for d in changed:
+            await trio.to_thread.run_sync(self.store.put_deployment, d, now)
+        self.rebuilt.update(res.created)
+        events = [StoredEvent(now, res.replicas[rid].deployment, rid,
+                              "adopted from the engine its node runs (no record of it here)")
+                  for rid in res.adopted]
+        events += [StoredEvent(now, name, "", "rebuilt from its engines' records") for name in res.created]
+        if events:
+            await trio.to_thread.run_sync(self.store.add_events, events)
+        for e in events:
+            log.warning("%s%s: %s", e.deployment, f" {e.replica}" if e.replica else "", e.text)
+        for note in res.notes:
+            log.warning("%s", note)
+        self.rebuild_notes = (self.rebuild_notes + list(res.notes))[-20:]
+        self.deployments, self.replicas, self.floor = res.deployments, res.replicas, res.generation_floor
+        if res.adopted:
+            self.sets = desired_sets(self.replicas.values())
+        # A gang member whose peers have not said Hello yet keeps its set held, but only
+        # for as long as a restarted server waits for nodes to return.
+        held = res.waiting if now < self.cp.lost_not_before else frozenset()
+        self.adopt_from = set(held)
+        return [n for n in asking if n not in held]
 
     def _ticked(self, changed: list[tuple[Node, NodeState]], now: float) -> list[Outgoing]:
         for node, _before in changed:
@@ -186,7 +229,11 @@ class Orchestrator:
             before = (self.replicas, self.floor)
             started = trio.current_time()
             try:
+                owed = await self.adopt(clock()) if self.adopt_from else []
                 out, events = await self.run_pass(clock())
+                told = {rid for rid, _ in out}
+                out += [self._set_for(node) for node in (self.cp.nodes[n] for n in owed)
+                        if node.connected and node.routing_id and node.routing_id not in told]
             except Exception:
                 # A bug in reconcile costs this pass, not the server: state is as it was,
                 # and the next change (or the retry below) runs another.
@@ -335,6 +382,10 @@ class Orchestrator:
 
     def status_extra(self, now: float) -> dict[str, Any]:
         notes = [self.holding] if self.holding else []
+        if self.rebuilt:
+            notes.append("rebuilt from the cluster (the state folder had no record of them): "
+                         + ", ".join(sorted(self.rebuilt)))
+        notes += self.rebuild_notes
         return {"deployments": deployment_rows(self), "replicas": replica_rows(self),
                 "notes": notes}
 

@@ -14,7 +14,7 @@ import msgpack
 from cattrs.preconf.msgpack import make_converter
 from cattrs.strategies import configure_tagged_union
 
-from llmgw.config.deployment import deployment_plain, parse_deployment
+from llmgw.config.deployment import parse_deployment
 from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
@@ -50,7 +50,7 @@ def _make(*, detailed: bool) -> cattrs.Converter:
         conv.register_structure_hook(cls, _exact(cls))
     # A deployment on the wire is what a deployment file holds, validated on arrival by
     # the one validator of deployments.
-    conv.register_unstructure_hook(Deployment, deployment_plain)
+    conv.register_unstructure_hook(Deployment, Deployment.plain)
     conv.register_structure_hook(Deployment, lambda v, _: parse_deployment(v, "the request"))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
