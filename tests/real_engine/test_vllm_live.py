@@ -1,0 +1,286 @@
+"""llmgw's real processes (server, agent with simulated GPUs, router) running a real vLLM
+(CPU build) serving the tiny Llama: ready, routed through the official openai client,
+load read from its /metrics, adopted after an agent SIGKILL, restarted after an engine
+SIGKILL, and gone, whole session, after `ctl delete`.
+
+One engine is shared, in file order: the tests that kill things come last. Every wait is
+bounded; every process started here is killed by pid at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from fakes.engines import free_port
+from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
+from fakes.nvidia_smi import pcie_box
+from llmgw.agent import procs
+from llmgw.router.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
+from llmgw.transport import keys
+
+pytestmark = pytest.mark.real_engine
+
+MODEL = "tiny"
+# Model load, on 2 busy cores: 25-130 s seen (--enforce-eager); room for a slow machine.
+READY_TIMEOUT = 420
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
+MAX_TOKENS = 500  # about 6 s of generation for this model on 2 cores
+
+
+class Rig:
+    def __init__(self, root: Path, venv: Path, model: Path) -> None:
+        self.root = root
+        self.venv = venv
+        self.model = model
+        self.c = Cluster(root, heartbeat="1s", lost_after="60s")
+        self.agent_kw: dict[str, Any] = {
+            "discovery": {"nvidia_smi": str(pcie_box(root / "smi"))},
+            "engines": {"vllm": {"bin": str(venv / "bin" / "vllm"), "launch_mode": "mp"}},
+        }
+        self.agent: Proc | None = None
+        self.router: Proc | None = None
+        self.router_url = ""
+
+    # -- processes -------------------------------------------------------------
+    def start_agent(self) -> Proc:
+        self.agent = self.c.start_agent("cpu-1", **self.agent_kw)
+        return self.agent
+
+    def start_router(self) -> None:
+        keys.issue_key(str(self.c.keys_dir), "router", "edge")
+        port = free_port()
+        cfg = self.root / "router.toml"
+        cfg.write_text(
+            f'bind = "127.0.0.1:{port}"\nserver = "{self.c.address}"\n'
+            'metrics_interval = "250ms"\nmetrics_stale_after = "5s"\n'
+            f'[keys]\nsecret_key = "{self.c.keys_dir / "edge.key_secret"}"\n'
+            f'server_key = "{self.c.server_key}"\n')
+        self.router = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / "router.log")
+        self.c.procs.append(self.router)
+        self.router_url = f"http://127.0.0.1:{port}"
+
+    def deploy(self) -> None:
+        f = self.root / "tiny.yaml"
+        f.write_text(
+            f"name: tiny\nmodel: {self.model}\nserved_name: {MODEL}\nengine: vllm\n"
+            f"gpus_per_node: 1\nreplicas: 1\nstartup_timeout: {READY_TIMEOUT}s\n"
+            f"args: {json.dumps(ENGINE_ARGS)}\nenv: {json.dumps(ENGINE_ENV)}\n")
+        r = self.c.ctl("apply", "-f", str(f))
+        assert r.returncode == 0, r.stderr
+
+    # -- what is running -------------------------------------------------------
+    def replica(self) -> dict[str, Any]:
+        r = self.c.ctl("get", "replicas", "-o", "json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        return rows[0] if rows else {}
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT, *, newer_than: int = 0) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            rep = self.replica()
+            if rep.get("state") == "ready" and rep["generation"] > newer_than:
+                return rep
+            return None
+
+        return wait_for(ready, timeout, f"vLLM replica ready (log: {self.engine_log()})",  # type: ignore[no-any-return]
+                        interval=1.0)
+
+    def engine_log(self) -> Path:
+        return self.root / "agents" / "cpu-1" / "work" / "engines" / "tiny-0" / "engine.log"
+
+    def leader(self) -> int:
+        """The engine's main process (its session leader): `vllm serve`'s API server."""
+        leaders = [p for p in engine_pids(self.root) if procs.session_of(p) == p]
+        assert len(leaders) == 1, leaders
+        return leaders[0]
+
+    def endpoint(self) -> str:
+        return str(self.replica()["endpoint"])
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.router_url + "/v1", api_key="none", timeout=60,
+                             max_retries=0)
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def metrics(url: str, timeout: float = 30) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+        return r.read().decode()
+
+
+def series(text: str, name: str) -> float:
+    """The sum of a series over its label sets (exact name)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def rig(vllm_venv: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    r = Rig(tmp_path_factory.mktemp("vllm-live"), vllm_venv, tiny_model)
+    try:
+        r.c.start_server()
+        r.start_agent()
+        r.c.wait_states({"cpu-1": "ready"})
+        r.start_router()
+        t0 = time.monotonic()
+        r.deploy()
+        r.wait_ready()
+        print(f"vLLM ready under the agent in {time.monotonic() - t0:.0f}s")
+        yield r
+    finally:
+        r.close()
+
+
+def test_ready_and_served_through_the_router(rig: Rig) -> None:
+    rep = rig.replica()
+    assert rep["state"] == "ready" and rep["restarts"] == 0
+    log = rig.engine_log().read_text(errors="replace")
+    assert "SIMULATED" not in log and "vLLM" in log  # the real engine, not the simulation
+    c = rig.client()
+    wait_for(lambda: MODEL in [m.id for m in c.models.list().data], 20, "router has the model")
+    chat = c.chat.completions.create(model=MODEL, max_tokens=5,
+                                     messages=[{"role": "user", "content": "hello"}])
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason == "length" and chat.usage is not None
+    assert chat.usage.completion_tokens == 5
+    comp = c.completions.create(model=MODEL, prompt="The license", max_tokens=4)
+    assert comp.choices[0].finish_reason == "length" and comp.usage is not None
+    assert comp.usage.completion_tokens == 4
+
+    chunks = list(c.chat.completions.create(
+        model=MODEL, max_tokens=6, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "hello"}]))
+    # vLLM's shape: role first (empty content), content deltas, the last delta carries the
+    # finish_reason, then a usage chunk with no choices.
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == ""
+    with_choices = [ch for ch in chunks if ch.choices]
+    assert with_choices[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+    text = "".join(ch.choices[0].delta.content or "" for ch in with_choices)
+    assert text
+
+
+def test_load_watch_reads_the_engines_metrics(rig: Rig) -> None:
+    text = metrics(rig.endpoint())
+    # The names llmgw parses, exactly as the engine exports them (one of each kind).
+    for kind, names in (("running", _RUNNING), ("waiting", _WAITING), ("kv usage", _USAGE)):
+        present = [n for n in names if any(line.startswith(n + "{") for line in text.splitlines())]
+        assert present, f"none of llmgw's {kind} names {names} in vLLM's /metrics"
+    load = parse_load(text)
+    assert load is not None
+    assert load.running == series(text, "vllm:num_requests_running")
+    # vllm:num_requests_waiting_by_reason sums to the waiting figure: it must not count twice.
+    assert load.waiting == series(text, "vllm:num_requests_waiting")
+    assert 0.0 <= load.kv_usage <= 1.0
+    router_log = (rig.root / "router.log").read_text(errors="replace")
+    assert "no engine load figures" not in router_log
+    assert "cannot read /metrics" not in router_log
+
+
+def _open_stream(router_url: str) -> socket.socket:
+    host, port = router_url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": MAX_TOKENS,
+                       "ignore_eos": True, "stream": True}).encode()
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while got.count(b"data:") < 3:
+        chunk = s.recv(65536)
+        assert chunk, got
+        got += chunk
+    return s
+
+
+def test_client_disconnect_mid_stream_frees_the_engine_slot(rig: Rig) -> None:
+    url = rig.endpoint()
+    before = series(metrics(url), "vllm:generation_tokens_total")
+    s = _open_stream(rig.router_url)
+    try:
+        running = series(metrics(url), "vllm:num_requests_running")
+        # The router, too, reads the engine's figure while the stream is in flight.
+        assert running >= 1.0
+    finally:
+        s.close()
+    closed = time.monotonic()
+    wait_for(lambda: series(metrics(url), "vllm:num_requests_running") == 0.0, 10,
+             "vllm:num_requests_running back to 0", interval=0.2)
+    freed = time.monotonic() - closed
+    # Aborted, not finished: far fewer tokens than asked for were generated.
+    generated = series(metrics(url), "vllm:generation_tokens_total") - before
+    assert generated < MAX_TOKENS, (generated, freed)
+
+
+def test_agent_sigkill_engine_keeps_serving_and_is_adopted(rig: Rig) -> None:
+    assert rig.agent is not None
+    pid = rig.leader()
+    session = sorted(procs.session_pids(pid))
+    gen = rig.replica()["generation"]
+    rig.agent.stop(signal.SIGKILL)
+    rig.c.procs.remove(rig.agent)
+    c = rig.client()
+    # Serving goes on while the agent is away.
+    r = c.chat.completions.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].finish_reason == "length"
+    rig.start_agent()
+    rig.c.wait_states({"cpu-1": "ready"}, timeout=30)
+    agent_log = rig.agent.text() if rig.agent else ""
+    wait_for(lambda: "adopted" in (rig.agent.text() if rig.agent else ""), 30, "adoption logged")
+    rep = rig.wait_ready(60)
+    assert rep["generation"] == gen and rep["restarts"] == 0
+    assert rig.leader() == pid and sorted(procs.session_pids(pid)) == session
+    r = c.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert r.choices[0].finish_reason == "length"
+    assert "Traceback" not in agent_log
+
+
+def test_engine_sigkill_is_reported_and_restarted_under_a_new_generation(rig: Rig) -> None:
+    pid = rig.leader()
+    old = set(procs.session_pids(pid))
+    assert len(old) >= 2  # vLLM's API server, EngineCore (and its worker)
+    gen = rig.replica()["generation"]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: rig.replica().get("state") != "ready", 10, "replica no longer ready",
+             interval=0.2)
+    noticed = time.monotonic() - killed
+    assert noticed < 5, noticed
+    # The rest of its session is stopped, then the server restarts it after its backoff.
+    wait_for(lambda: not any(procs.start_time(p) for p in old), 30, "old session gone")
+    rep = rig.wait_ready(newer_than=gen)
+    assert rep["generation"] > gen
+    assert rig.leader() != pid
+    r = rig.client().chat.completions.create(model=MODEL, max_tokens=2,
+                                             messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_ctl_delete_leaves_no_process_of_the_engine_session(rig: Rig) -> None:
+    pid = rig.leader()
+    members = procs.session_pids(pid)
+    assert len(members) >= 2
+    r = rig.c.ctl("delete", "deployment", "tiny")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: not procs.session_pids(pid), 60, f"session {pid} empty")
+    assert not any(procs.start_time(p) for p in members)
+    assert engine_pids(rig.root) == {}
+    wait_for(lambda: not rig.replica(), 30, "replica gone from the server")
