@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from llmgw.config.router import RouterConfig
-from llmgw.logbound import Throttle
+from llmgw.logbound import Throttle, clip
 from llmgw.router import errors, sockio
 from llmgw.router.auth import ApiKey, KeyFile
 from llmgw.router.balancer import Replica, prefix_key
@@ -116,9 +116,20 @@ class Router:
     async def _crashed(self, client: ClientConn, exc: BaseException) -> None:
         self.metrics.handler_errors += 1
         self.metrics.count("", 500)
-        tb = "".join(traceback.format_exception(exc))
-        name = type(exc).__name__
-        self._crash_log.log(log, logging.ERROR, name, "client connection failed: %s: %s", name, tb[-2000:])
+        leaf = exc
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]  # the connection's nursery wraps what its body raised
+        name = type(leaf).__name__
+        where = "".join(traceback.format_tb(leaf.__traceback__)[-3:])
+        self._crash_log.log(
+            log,
+            logging.ERROR,
+            name,
+            "client connection failed: %s: %s\n%s",
+            name,
+            clip(leaf, 500),
+            where[-1500:],
+        )
         if client.can_respond and not client.eof:
             err = errors.internal()
             # Shielded (the handler may be being cancelled too), at most a second.
