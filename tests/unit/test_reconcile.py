@@ -444,3 +444,24 @@ def test_port_conflict_places_again_on_another_port_without_backoff() -> None:
     r2 = w.replicas["d-0"]
     assert r2.state == S.STARTING and r2.restarts == 0
     assert r2.members[0].port != port and r2.generation > r.generation
+
+
+def test_a_drain_replacement_left_behind_by_a_spec_change_does_not_block_the_roll() -> None:
+    """Found by the model-based test: a drain's replacement, made with a newer spec,
+    outlived the drain and waited for room that the roll it blocked would have made."""
+    w = World(cluster(node("a", 2), node("b", 2)), dep(2, gpus=1))
+    w.set_node("b", cordoned=True)
+    w.step()
+    w.ready()
+    w.set_node("b", cordoned=False)
+    w.ready()
+    w.deps["d"] = dep(2, gpus=1, args=("--v1",))  # a spec change: rolls
+    w.set_node("a", cordoned=True, draining=True)  # and a drain of the full node at once
+    w.set_node("b", cordoned=True)
+    w.ready()
+    w.set_node("a", cordoned=False, draining=False)
+    for _ in range(8):
+        w.ready()
+    assert not w.last or not w.last.pending
+    assert sorted(r.spec.args for r in w.replicas.values()) == [("--v1",), ("--v1",)]
+    assert all(r.state == S.READY and not r.replaces for r in w.replicas.values())

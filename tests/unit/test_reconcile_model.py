@@ -78,7 +78,10 @@ class Cluster(RuleBasedStateMachine):
 
     def event(self, *, may_drop: bool) -> None:
         self.ready_before = self.ready_counts()
-        self.may_drop = may_drop
+        # A failure the server has not heard of yet (its node was suspect) counts when heard.
+        unheard = any(st != EngineState.READY and st != EngineState.STARTING
+                      for engines in self.engines.values() for st in engines.values())
+        self.may_drop = may_drop or unheard
         self.run_pass()
 
     # ---- operator ----

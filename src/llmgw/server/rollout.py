@@ -45,8 +45,13 @@ def _settle_replacements(p: Pass, d: Deployment) -> None:
             p.put(evolve(r, replaces=""))
 
 
-def _needs_replacing(p: Pass, r: Replica, new_hash: str) -> bool:
-    return any(p.draining(n) for n in r.node_ids) or r.spec.template_hash() != new_hash
+def _still_wanted(p: Pass, new: Replica, old: Replica, new_hash: str) -> bool:
+    """Whether `new` should go on replacing `old`: while `old` is on a draining node, or
+    while it runs an outdated spec and `new` found room (a rolling update's surge; one
+    with no room goes down then up instead, which _roll does once this one is gone)."""
+    if any(p.draining(n) for n in old.node_ids):
+        return True
+    return old.spec.template_hash() != new_hash and new.placed
 
 
 def _drop_unneeded_replacements(p: Pass, d: Deployment) -> None:
@@ -55,7 +60,7 @@ def _drop_unneeded_replacements(p: Pass, d: Deployment) -> None:
         if not r.replaces or r.state == S.READY:
             continue
         old = p.work.get(r.replaces)
-        if old is not None and not _needs_replacing(p, old, new_hash):
+        if old is not None and not _still_wanted(p, r, old, new_hash):
             p.drop(r, f"{old.id} no longer needs replacing: stopped")
             if old.reason.startswith(DRAIN_STUCK):
                 p.put(evolve(old, reason=""))
