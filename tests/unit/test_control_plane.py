@@ -67,8 +67,14 @@ def test_reissued_name_never_readmits_the_old_key() -> None:
     assert kinds(cp.handle(b"new", NEW, codec.encode(Heartbeat(2)), 3.0)) == [HeartbeatAck]
 
 
+def admin_plane(keys: dict[str, KeyInfo]) -> ControlPlane:
+    cp = ControlPlane(config=CONFIG, authorized=keys)
+    cp.ops[StatusOp] = (frozenset({"admin"}), lambda peer, op, now: {"nodes": []})
+    return cp
+
+
 def test_revoked_admin_key_refused_on_its_next_request() -> None:
-    cp = ControlPlane(config=CONFIG, authorized=keyset(**{ADMIN: ("admin", "ops")}))
+    cp = admin_plane(keyset(**{ADMIN: ("admin", "ops")}))
     req = codec.encode(Request(PROTOCOL_VERSION, "q1", StatusOp()))
     reply = cp.handle(b"a", ADMIN, req, 0.0)
     assert isinstance(reply[0][1], Reply) and reply[0][1].ok
@@ -173,7 +179,7 @@ class MemTransport:
 
 
 async def test_a_handler_that_raises_costs_one_message(autojump_clock: trio.testing.MockClock) -> None:
-    cp = ControlPlane(config=CONFIG, authorized=keyset(**{OLD: ("node", "n1"), ADMIN: ("admin", "ops")}))
+    cp = admin_plane(keyset(**{OLD: ("node", "n1"), ADMIN: ("admin", "ops")}))
 
     def broken(peer: Any, params: Any, now: float) -> Any:
         raise RuntimeError("a bug in one handler")

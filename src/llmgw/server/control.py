@@ -32,7 +32,6 @@ from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.node_states import NodeEvent, next_state, silence_event
-from llmgw.server.status import status_view
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (
@@ -49,7 +48,7 @@ from llmgw.transport.messages import (
     Request,
     Welcome,
 )
-from llmgw.transport.requests import StatusOp, op_name
+from llmgw.transport.requests import op_name
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +124,6 @@ class ControlPlane:
     # Called after a node's Hello ("hello"), inventory ("inventory") or engine report
     # ("engine") changes what the rest of the server knows.
     on_node_change: Callable[[Node, float, str], list[Outgoing]] | None = None
-    # Adds to the status view (deployments, replicas, notes).
-    extend_status: Callable[[float], dict[str, Any]] | None = None
     # Requests whose answer needs I/O: the shell awaits them and sends the Reply.
     deferred: list[Deferred] = field(factory=list)
     # After a server restart, no node is declared lost before this time.
@@ -145,9 +142,6 @@ class ControlPlane:
 
     def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
-
-    def __attrs_post_init__(self) -> None:
-        self.ops.setdefault(StatusOp, (frozenset({"admin"}), self._op_status))
 
     # ---- inbound ----
 
@@ -319,16 +313,6 @@ class ControlPlane:
                 out.append((node.routing_id, Refused(reason="this node's key was revoked")))
         return out
 
-    # ---- ops ----
-
-    def status(self, now: float) -> dict[str, Any]:
-        view = status_view(self, now)
-        if self.extend_status is not None:
-            view.update(self.extend_status(now))
-        return view
-
-    def _op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
-        return self.status(now)
 
 
 def bounded_report(report: EngineReport) -> EngineReport:

@@ -29,7 +29,13 @@ from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestErro
 from llmgw.server.placement import NodeView
 from llmgw.server.rebuild import adoptable, rebuild
 from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
-from llmgw.server.status import deployment_rows, describe_deployment, node_rows, replica_rows
+from llmgw.server.status import (
+    deployment_rows,
+    describe_deployment,
+    node_rows,
+    replica_rows,
+    status_view,
+)
 from llmgw.server.store import Store, StoredEvent
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 from llmgw.transport.requests import (
@@ -44,6 +50,7 @@ from llmgw.transport.requests import (
     LogsOp,
     RediscoverOp,
     ScaleOp,
+    StatusOp,
 )
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,7 @@ class Orchestrator:
         cp.on_tick = self._ticked
         cp.desired_ids = self.desired_ids
         cp.ops.update({
+            StatusOp: (ADMIN, self.op_status),
             ApplyOp: (ADMIN, self.op_apply),
             DeleteOp: (ADMIN, self.op_delete),
             ScaleOp: (ADMIN, self.op_scale),
@@ -100,7 +108,6 @@ class Orchestrator:
             LogsOp: (ADMIN, self.op_logs),
             RediscoverOp: (ADMIN, self.op_rediscover),
         })
-        cp.extend_status = self.status_extra
 
     # ---- triggers from the control plane ----
 
@@ -379,6 +386,9 @@ class Orchestrator:
             table.setdefault(r.spec.served_name, []).append(
                 {"replica_id": r.id, "url": r.endpoint, "ready": r.state == ReplicaState.READY})
         return table
+
+    def op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
+        return {**status_view(self.cp, now), **self.status_extra(now)}
 
     def status_extra(self, now: float) -> dict[str, Any]:
         notes = [self.holding] if self.holding else []

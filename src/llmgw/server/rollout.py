@@ -9,14 +9,11 @@ ready. States change only through the lifecycle table (replica_states.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from attrs import evolve
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 
-if TYPE_CHECKING:
-    from .reconcile import Pass
+from .reconcile_pass import Pass
 
 S = ReplicaState
 

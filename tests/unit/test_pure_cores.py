@@ -1,0 +1,90 @@
+"""The pure cores stay pure: no trio, zmq, os, time, socket or subprocess in them, nor in
+any llmgw module they import (checked on the source, with ast, transitively)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+FORBIDDEN = {"trio", "zmq", "os", "time", "socket", "subprocess", "threading", "asyncio"}
+PURE = [
+    "llmgw.server.placement",
+    "llmgw.server.reconcile",
+    "llmgw.server.reconcile_pass",
+    "llmgw.server.rollout",
+    "llmgw.server.replica_states",
+    "llmgw.server.rebuild",
+    "llmgw.server.node_states",
+    "llmgw.agent.converge",
+    "llmgw.agent.engine_states",
+    "llmgw.agent.engines.vllm",
+    "llmgw.agent.engines.sglang",
+    "llmgw.agent.engines.ray",
+    "llmgw.agent.engines.simulated",
+    "llmgw.agent.engines.plan",
+    "llmgw.agent.engines.env",
+    "llmgw.agent.discovery.nvidia_smi",
+    "llmgw.agent.discovery.mountinfo",
+    "llmgw.agent.discovery.procnet",
+    "llmgw.agent.discovery.engine_meta",
+]
+
+
+def _path(module: str) -> Path:
+    base = SRC.joinpath(*module.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def _imports(module: str) -> set[str]:
+    """Every module `module` imports (absolute names; relative ones resolved)."""
+    tree = ast.parse(_path(module).read_text(), str(_path(module)))
+    package = module if _path(module).name == "__init__.py" else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            out.add(name)
+            # `from llmgw.x import y` may import the module llmgw.x.y
+            out.update(f"{name}.{a.name}" for a in node.names if _path(f"{name}.{a.name}").exists()
+                       and name.startswith("llmgw"))
+    return out
+
+
+def _closure(module: str) -> dict[str, str]:
+    """Forbidden top-level module -> the llmgw module that imports it, over every llmgw
+    module reachable from `module`."""
+    seen: set[str] = set()
+    todo = [module]
+    bad: dict[str, str] = {}
+    while todo:
+        m = todo.pop()
+        if m in seen or not _path(m).exists():
+            continue
+        seen.add(m)
+        for name in _imports(m):
+            top = name.split(".")[0]
+            if top in FORBIDDEN:
+                bad.setdefault(top, m)
+            elif top == "llmgw":
+                todo.append(name)
+    return bad
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_core_imports_no_io(module: str) -> None:
+    assert _path(module).exists(), module
+    assert _closure(module) == {}
+
+
+def test_the_check_would_see_io() -> None:
+    assert "trio" in _closure("llmgw.agent.discovery.discover")
+    assert "subprocess" in _closure("llmgw.agent.discovery.gpus")
