@@ -393,3 +393,46 @@ async def test_client_idle_timeout(engines: list[SimEngineProcess], nursery: tri
                 assert b"data: [DONE]" in payload
 
     await in_thread(work)
+
+
+async def test_deployed_but_not_ready_is_503_with_the_reason_unknown_is_404(
+    engines: list[SimEngineProcess], nursery: trio.Nursery
+) -> None:
+    why = "llama-70b: 0 of 2 replicas ready (1 pending: 0/3 nodes fit: 3 lacked 8 free GPUs, 1 starting)"
+    snap = {**table(engines), "waiting": {"llama-70b": why}}
+    url = await start_router(nursery, Source(snap))
+
+    def ask(model: str) -> tuple[int, dict[str, Any], str | None]:
+        import urllib.error
+        import urllib.request
+
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "x"}]}).encode()
+        req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, json.loads(r.read()), r.headers.get("retry-after")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read()), e.headers.get("retry-after")
+
+    status, payload, retry = await in_thread(ask, "llama-70b")
+    assert status == 503 and retry == "5"
+    assert payload["error"]["code"] == "model_not_ready" and why in payload["error"]["message"]
+    status, payload, retry = await in_thread(ask, "llama-7b")  # a typo
+    assert status == 404 and retry is None and payload["error"]["code"] == "model_not_found"
+    status, _, _ = await in_thread(ask, MODEL)
+    assert status == 200
+
+
+async def test_a_malformed_table_is_ignored_and_the_last_one_kept(
+    engines: list[SimEngineProcess], nursery: trio.Nursery
+) -> None:
+    source = Source(table(engines))
+    url = await start_router(nursery, source)
+    for bad in ({"version": "x"}, {"version": 9, "models": {MODEL: [{"url": "nope"}]}},
+                {"version": 9, "models": {MODEL: [{"replica_id": "r", "url": "http://h:99999"}]}},
+                {"version": 9, "models": [[[]]]}):
+        source.snap = bad  # type: ignore[assignment]
+        await trio.sleep(0.2)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}).encode()
+    status, _ = await in_thread(post, url, body)
+    assert status == 200

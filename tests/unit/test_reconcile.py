@@ -465,3 +465,13 @@ def test_a_drain_replacement_left_behind_by_a_spec_change_does_not_block_the_rol
     assert not w.last or not w.last.pending
     assert sorted(r.spec.args for r in w.replicas.values()) == [("--v1",), ("--v1",)]
     assert all(r.state == S.READY and not r.replaces for r in w.replicas.values())
+
+
+def test_not_ready_reason_names_counts_and_why_pending() -> None:
+    from llmgw.server.status import not_ready_reason
+
+    w = World(cluster(node("a", 8)), dep(2))
+    w.step()
+    mine = list(w.replicas.values())
+    assert not_ready_reason(w.deps["d"], mine, w.last.pending if w.last else {}) == (
+        "org/m: 0 of 2 replicas ready (1 pending: 0/1 nodes fit: 1 lacked 8 free GPUs, 1 starting)")

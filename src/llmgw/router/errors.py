@@ -15,6 +15,7 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after: int = 0,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -22,6 +23,10 @@ class ApiError(Exception):
         self.type = type_
         self.code = code
         self.param = param
+        self.retry_after = retry_after  # seconds; 0: no Retry-After header
+
+    def headers(self) -> bytes:
+        return b"retry-after: %d\r\n" % self.retry_after if self.retry_after else b""
 
     def payload(self) -> dict[str, object]:
         return error_payload(self.message, self.type, self.code, self.param)
@@ -65,6 +70,12 @@ def too_large(limit: int) -> ApiError:
 
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, code="invalid_api_key")
+
+
+def not_ready(model: str, why: str) -> ApiError:
+    """Deployed, serving nothing yet: not the 404 a typo gets."""
+    return ApiError(503, f"`{model}` is deployed but has no ready replica: {why}",
+                    type_="server_error", code="model_not_ready", retry_after=5)
 
 
 def no_replica(model: str) -> ApiError:

@@ -204,10 +204,13 @@ class ClientConn:
     async def send(self, data: bytes) -> None:
         await sockio.send_all(self.sock, data)
 
-    async def respond(self, status: int, content_type: bytes, body: bytes, close: bool = False) -> None:
+    async def respond(self, status: int, content_type: bytes, body: bytes, close: bool = False,
+                      extra: bytes = b"") -> None:
+        """`extra`: further ready-made header lines (`name: value\r\n`)."""
         if close:
             self.keep_alive = False
-        head = self.head(status, b"content-type: %s\r\ncontent-length: %d\r\n" % (content_type, len(body)))
+        head = self.head(status, b"content-type: %s\r\ncontent-length: %d\r\n%s" % (
+            content_type, len(body), extra))
         await sockio.send_all(self.sock, head + body)
 
     @property

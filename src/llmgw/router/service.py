@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from llmgw.config.router import RouterConfig
+from llmgw.errors import ProtocolError
 from llmgw.logbound import Throttle, clip
 from llmgw.router import errors, sockio
 from llmgw.router.auth import ApiKey, KeyFile
@@ -73,7 +74,14 @@ class Router:
                 if failing:
                     log.info("endpoint table source answers again")
                 failing = False
-                if snap and self.table.apply(snap):
+                try:
+                    changed = bool(snap) and self.table.apply(snap)  # type: ignore[arg-type]
+                except ProtocolError as exc:  # the server's answer is peer input too
+                    self._crash_log.log(log, logging.WARNING, "table",
+                                        "ignored a malformed endpoint table (%s); serving from version %d",
+                                        exc, self.table.version)
+                    changed = False
+                if changed:
                     log.info(
                         "endpoint table version %d: %s",
                         self.table.version,
@@ -178,7 +186,7 @@ class Router:
                 raise errors.not_found(path.decode(errors="replace"))
         except ApiError as err:
             if client.can_respond:
-                await client.respond(err.status, JSON, err.body())
+                await client.respond(err.status, JSON, err.body(), extra=err.headers())
 
     def _auth(self, req: Request) -> ApiKey | None:
         if self.keys is None:
@@ -208,10 +216,16 @@ class Router:
             if not isinstance(m, str) or not m:
                 raise errors.no_model()
             pool = self.table.pools.get(m)
-            if pool is None or (key is not None and not key.allows(m)):
+            if key is not None and not key.allows(m):
+                raise errors.unknown_model(m)
+            if pool is None or not pool.any_ready():
+                why = self.table.waiting.get(m)
+                if why is not None:
+                    raise errors.not_ready(m, why)
                 if self.table.version < 0:
                     raise errors.no_replica(m)
-                raise errors.unknown_model(m)
+                if pool is None:
+                    raise errors.unknown_model(m)
             model = m
             streaming = body.get("stream") is True
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
@@ -219,7 +233,7 @@ class Router:
         except ApiError as err:
             status = err.status
             if client.can_respond:
-                await client.respond(err.status, JSON, err.body())
+                await client.respond(err.status, JSON, err.body(), extra=err.headers())
         finally:
             metrics.in_flight -= 1
             metrics.done(model, status, trio.current_time() - t0)

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw.router.balancer import Pool, Replica
+from llmgw.transport.codec import structure_result
+from llmgw.transport.requests import EndpointsResult
 
 
 class EndpointTable:
@@ -26,39 +28,42 @@ class EndpointTable:
         self.version = -1
         self.pools: dict[str, Pool] = {}
         self.replicas: dict[str, Replica] = {}
+        # Served name -> why nothing of it is ready (deployed, not serving yet).
+        self.waiting: dict[str, str] = {}
         self._rng = rng or random.Random()
 
-    def apply(self, snapshot: Mapping[str, Any]) -> bool:
-        """Take a snapshot {"version", "models": {name: [{replica_id, url, ready}]}}.
+    def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
+        """Take a snapshot {"version", "models": {name: [{replica_id, url, ready}]},
+        "waiting": {name: why none is ready}}, parsed here (it comes from a peer: a
+        malformed one raises ProtocolError and changes nothing).
 
         Returns False (and changes nothing) when the version is not newer."""
-        version = int(snapshot.get("version", 0))
-        if version == self.version:
+        snap = snapshot if isinstance(snapshot, EndpointsResult) else structure_result(
+            snapshot, EndpointsResult)
+        if snap.version == self.version:
             return False
-        models = snapshot.get("models") or {}
         old = self.replicas
         replicas: dict[str, Replica] = {}
         pools: dict[str, Pool] = {}
-        for name, entries in models.items():
+        for name, entries in snap.models.items():
             members: list[Replica] = []
             for e in entries:
-                rid = str(e["replica_id"])
-                url = str(e["url"]).rstrip("/")
-                ready = bool(e.get("ready", True))
-                r = replicas.get(rid) or old.get(rid)
+                url = e.url.rstrip("/")
+                r = replicas.get(e.replica_id) or old.get(e.replica_id)
                 if r is None:
-                    r = Replica(rid, url, ready)
+                    r = Replica(e.replica_id, url, e.ready)
                 else:
                     if r.url != url:
                         r.set_url(url)
-                    r.ready = ready
-                replicas[rid] = r
+                    r.ready = e.ready
+                replicas[e.replica_id] = r
                 members.append(r)
             affinity, prefix_chars = self.policies.get(name, (False, 256))
-            pools[str(name)] = Pool(members, affinity=affinity, prefix_chars=prefix_chars, rng=self._rng)
+            pools[name] = Pool(members, affinity=affinity, prefix_chars=prefix_chars, rng=self._rng)
         self.replicas = replicas
         self.pools = pools
-        self.version = version
+        self.waiting = dict(snap.waiting)
+        self.version = snap.version
         return True
 
     def ready_models(self) -> list[str]:

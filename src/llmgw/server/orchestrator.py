@@ -33,6 +33,7 @@ from llmgw.server.status import (
     deployment_rows,
     describe_deployment,
     node_rows,
+    not_ready_reason,
     replica_rows,
     status_view,
 )
@@ -366,11 +367,23 @@ class Orchestrator:
         return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
 
     def op_endpoints(self, peer: Peer, op: EndpointsOp, now: float) -> Any:
-        table = self.endpoint_table()
+        table = {"models": self.endpoint_table(), "waiting": self.waiting()}
         if table != self._endpoints:
             self._endpoints = table
             self._endpoints_version += 1
-        return {"version": self._endpoints_version, "models": table}
+        return {"version": self._endpoints_version, **table}
+
+    def waiting(self) -> dict[str, str]:
+        """Served name -> why nothing of it is ready, for each deployment that serves
+        nothing: the router answers those 503 (with the reason), not 404."""
+        ready = {r.spec.served_name for r in self.replicas.values() if r.state == ReplicaState.READY}
+        out: dict[str, str] = {}
+        for name, d in sorted(self.deployments.items()):
+            if d.served_name in ready or d.replicas == 0:
+                continue
+            mine = [r for r in self.replicas.values() if r.deployment == name]
+            out[d.served_name] = not_ready_reason(d, mine, self.pending)
+        return out
 
     def endpoint_table(self) -> dict[str, list[dict[str, Any]]]:
         """Served name -> replicas. A suspect node's replicas stay: the router judges by

@@ -107,6 +107,17 @@ def _problems(exc: Exception) -> str:
     return clip("; ".join(clip(f, 200) for f in found[:3]) + more, 800)
 
 
+T = typing.TypeVar("T")
+
+
+def structure_result(value: object, cls: type[T]) -> T:
+    """Total: a Reply's result -> `cls`, or ProtocolError (a peer's answer is input too)."""
+    try:
+        return converter.structure(value, cls)
+    except Exception as exc:  # whatever cattrs or a validator raises on bad input
+        raise ProtocolError(f"bad {cls.__name__}: {_problems(exc)}") from None
+
+
 def kind_of(msg: Message) -> str:
     return _kind(type(msg))
 

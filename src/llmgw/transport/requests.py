@@ -10,8 +10,9 @@ structured on arrival by the same validator as a deployment file (config/deploym
 from __future__ import annotations
 
 import enum
+import re
 
-from attrs import frozen
+from attrs import field, frozen
 
 from llmgw.model.deployment import Deployment
 
@@ -92,6 +93,34 @@ Op = (
     | LogsOp
     | RediscoverOp
 )
+
+
+# ---- results ----
+
+
+_URL = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}/?$")
+
+
+def _engine_url(_: object, __: object, value: str) -> None:
+    if not _URL.match(value) or not 0 < int(value.rstrip("/").rpartition(":")[2]) < 65536:
+        raise ValueError(f"not an engine URL (http://host:port): {value[:100]!r}")
+
+
+@frozen
+class Endpoint:
+    replica_id: str
+    url: str = field(validator=_engine_url)
+    ready: bool = True
+
+
+@frozen
+class EndpointsResult:
+    """The answer to EndpointsOp: what the router routes by."""
+
+    version: int
+    models: dict[str, tuple[Endpoint, ...]] = field(factory=dict)  # served name -> replicas
+    # Served name -> why none of it is ready (deployed, serving nothing): a 503, not a 404.
+    waiting: dict[str, str] = field(factory=dict)
 
 
 def op_name(cls: type) -> str:
