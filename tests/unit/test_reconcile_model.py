@@ -81,7 +81,12 @@ class Cluster(RuleBasedStateMachine):
         # A failure the server has not heard of yet (its node was suspect) counts when heard.
         unheard = any(st != EngineState.READY and st != EngineState.STARTING
                       for engines in self.engines.values() for st in engines.values())
-        self.may_drop = may_drop or unheard
+        # A rolling update still under way may take one replica down where it has no
+        # room to surge (down then up), in any later pass.
+        rolling = any(r.deployment in self.deps
+                      and r.spec.template_hash() != self.deps[r.deployment].template_hash()
+                      for r in self.replicas.values())
+        self.may_drop = may_drop or unheard or rolling
         self.run_pass()
 
     # ---- operator ----
