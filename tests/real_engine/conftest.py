@@ -34,6 +34,26 @@ def _venv() -> Path:
     return Path(value)
 
 
+_NOT_RUN: list[int] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without the venv (and not required), the tier is left out with ONE line saying how
+    (pytest_terminal_summary), rather than one skip line per test."""
+    if os.environ.get(VENV_ENV) or os.environ.get(REQUIRE_ENV) == "1":
+        return
+    mine = [i for i in items if HERE in Path(str(i.path)).parents]
+    if mine:
+        items[:] = [i for i in items if i not in mine]
+        config.hook.pytest_deselected(items=mine)
+        _NOT_RUN.append(len(mine))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _NOT_RUN:
+        terminalreporter.write_line(f"SKIPPED {sum(_NOT_RUN)} tests: {HOW}")
+
+
 @pytest.fixture(scope="session")
 def vllm_venv() -> Path:
     return _venv()
