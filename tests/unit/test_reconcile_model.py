@@ -230,5 +230,5 @@ def test_model_long() -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     run_state_machine_as_test(Cluster, settings=settings(
-        max_examples=max(EXAMPLES, 1500), stateful_step_count=80, deadline=None, database=None,
+        max_examples=max(EXAMPLES, 600), stateful_step_count=80, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow]))
