@@ -255,7 +255,7 @@ async def test_sglang_shape_gang(tmp_path: Path) -> None:
     def args(rank: int, p: int) -> list[str]:
         return [
             "--model-path", "org/m", "--served-model-name", "m", "--host", "127.0.0.1",
-            "--port", str(p), "--tp", "1", "--nnodes", "2", "--node-rank", str(rank),
+            "--port", str(p), "--tp-size", "1", "--nnodes", "2", "--node-rank", str(rank),
             "--dist-init-addr", f"127.0.0.1:{rdv}",
         ]  # fmt: skip
 

@@ -62,8 +62,6 @@ def test_sglang_plans_parse(parsed: dict[str, dict]) -> None:
         assert a["host"] == "10.0.0.2" and a["served_model_name"] == "qwen"
 
 
-@pytest.mark.xfail(strict=True, reason="llmgw passes --tp, which SGLang 0.5.23 accepts only as an "
-                   "argparse abbreviation of --tp-size: any new --tp* flag would make it ambiguous")
 def test_sglang_plans_use_exact_flags(parsed: dict[str, dict]) -> None:
     for name, res in parsed.items():
         assert res["inexact"] == [], (name, res["inexact"])

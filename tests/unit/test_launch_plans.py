@@ -216,7 +216,7 @@ SG = (
 
 def test_sglang_single_node() -> None:
     plan = build_plan(spec(EngineKind.SGLANG), config(), WORK)
-    assert plan.main.argv == (*SG, "--tp", "2", "--max-model-len", "8192")
+    assert plan.main.argv == (*SG, "--tp-size", "2", "--max-model-len", "8192")
     assert plan.main.env == SINGLE_ENV and plan.health_checked
 
 
@@ -225,7 +225,7 @@ def test_sglang_multi_node(rank: int) -> None:
     plan = build_plan(spec(EngineKind.SGLANG, rank=rank), config(), WORK)
     # SGLang's --tp counts the whole replica: 2 GPUs per node x 2 nodes.
     assert plan.main.argv == (
-        *SG, "--tp", "4", "--nnodes", "2", "--node-rank", str(rank),
+        *SG, "--tp-size", "4", "--nnodes", "2", "--node-rank", str(rank),
         "--dist-init-addr", "10.0.0.1:29600", "--max-model-len", "8192",
     )  # fmt: skip
     assert plan.main.env == MULTI_ENV

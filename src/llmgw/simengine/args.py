@@ -6,7 +6,7 @@ that end-to-end tests run the real launch plans with only the binary swapped:
 - vLLM:   ``serve MODEL --host H --port P --served-model-name N --tensor-parallel-size T
   [--pipeline-parallel-size N --nnodes N --node-rank R --master-addr A --master-port MP
   --headless --distributed-executor-backend ray ...]``
-- SGLang: ``--model-path M --served-model-name N --host H --port P --tp T
+- SGLang: ``--model-path M --served-model-name N --host H --port P --tp-size T
   [--nnodes N --node-rank R --dist-init-addr A:P]``
 
 Flags it does not know are kept in ``SimArgs.unknown`` (and logged), never an error.

@@ -24,7 +24,7 @@ def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--served-model-name", spec.served_name,
         "--host", config.mgmt_addr,
         "--port", str(spec.port),
-        "--tp", str(tp),
+        "--tp-size", str(tp),
     )  # fmt: skip
     if gang is not None and multi:
         argv += (
