@@ -158,7 +158,6 @@ def test_fuzzed_frames_change_nothing_and_stay_bounded(bounded_cluster: Cluster)
         for p in peers:
             p.close()
 
-    print(f"sent {total} frames in {fuzz_s:.1f}s: {dict(sent)}; status samples {samples}")
     assert _real_node(after) == _real_node(before)
     assert _real_node(after)["state"] == "ready"
     assert {n["id"] for n in after["nodes"]} <= {REAL, "evil"}
@@ -171,6 +170,8 @@ def test_fuzzed_frames_change_nothing_and_stay_bounded(bounded_cluster: Cluster)
     log = c.root / "server.log"
     growth = log.stat().st_size - log_before
     longest, head = longest_line(log, log_before)
+    print(f"sent {total} frames in {fuzz_s:.1f}s: {dict(sent)}; status samples {samples}; "
+          f"server RSS {rss_before} -> {rss_after} KiB; log +{growth} bytes, longest line {longest}")
     assert longest <= MAX_LINE, f"a {longest}-byte log line: {head!r}…"
     assert growth < MAX_LOG_GROWTH, f"the server log grew {growth} bytes over {total} frames"
     assert "Traceback" not in server.text()
