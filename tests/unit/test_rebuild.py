@@ -101,3 +101,28 @@ def evolve_report(rep: EngineReport, origin: dict[str, object]) -> EngineReport:
 
     assert rep.spec is not None
     return evolve(rep, spec=evolve(rep.spec, origin=origin))
+
+
+def test_an_engine_of_another_state_is_adopted_though_its_generation_is_below_the_floor() -> None:
+    """Nodes say Hello one by one: adopting a later generation first raises the floor
+    above an earlier one that another node runs (seen in the integration test)."""
+    before = running(("a", "b"))
+    marked = {n: tuple(evolve_issuer(r, "lost-state") for r in rs) for n, rs in hello_reports(before).items()}
+    late = next(n for n, rs in marked.items() if rs[0].generation == min(r.generation for r in before.values()))
+    early = next(n for n in marked if n != late)
+    first = rebuild({}, {}, {early: marked[early]}, {}, 0, 1.0, state_id="this-state")
+    assert first.generation_floor > marked[late][0].generation
+    second = rebuild(first.deployments, first.replicas, {late: marked[late]}, {}, first.generation_floor,
+                     2.0, frozenset(first.created), state_id="this-state")
+    assert len(second.adopted) == 1 and second.deployments["demo"].replicas == 2
+    # This state's own engine, unknown and at or below the floor, was stopped on purpose.
+    own = {late: tuple(evolve_issuer(r, "this-state") for r in marked[late])}
+    assert rebuild(first.deployments, first.replicas, own, {}, first.generation_floor, 2.0,
+                   frozenset(first.created), state_id="this-state").adopted == ()
+
+
+def evolve_issuer(rep: EngineReport, issuer: str) -> EngineReport:
+    from attrs import evolve
+
+    assert rep.spec is not None
+    return evolve(rep, spec=evolve(rep.spec, issuer=issuer))

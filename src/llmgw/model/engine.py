@@ -47,6 +47,10 @@ class EngineSpec:
     # it in the engine's record and sends it back at Hello, so that a server that lost its
     # state can rebuild the deployment, template and all, without restarting the engine.
     origin: dict[str, Any] = field(factory=dict)
+    # The server state that issued it (a random id kept in the state folder; "" from
+    # before there was one): an engine of another state is a lost state's, not one this
+    # state stopped on purpose.
+    issuer: str = ""
 
     @property
     def key(self) -> tuple[str, int]:

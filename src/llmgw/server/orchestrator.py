@@ -75,7 +75,8 @@ class Orchestrator:
         self.holding = ""
         self.pending: dict[str, str] = {}
         self.next_wake: float | None = None
-        self.sets: dict[str, tuple[EngineSpec, ...]] = desired_sets(self.replicas.values())
+        self.state_id = store.state_id()
+        self.sets: dict[str, tuple[EngineSpec, ...]] = self.desired()
         self.set_generation = 0
         self._dirty = trio.Event()
         self._send: Callable[[list[Outgoing]], None] = lambda out: None
@@ -119,7 +120,7 @@ class Orchestrator:
             self.store_later(node)
         self.mark_dirty()
         if hello:
-            if any(adoptable(r, self.replicas, self.floor) for r in node.engines.values()):
+            if any(adoptable(r, self.replicas, self.floor, self.state_id) for r in node.engines.values()):
                 self.adopt_from.add(node.node_id)
                 return []
             return [self._set_for(node)]
@@ -135,7 +136,7 @@ class Orchestrator:
         res = rebuild(self.deployments, self.replicas,
                       {n: tuple(node.engines.values()) for n, node in asking.items()},
                       {n: node.info.mgmt_addr for n, node in asking.items()},
-                      self.floor, now, frozenset(self.rebuilt))
+                      self.floor, now, frozenset(self.rebuilt), self.state_id)
         changed = [d for name, d in res.deployments.items() if self.deployments.get(name) != d]
         for d in changed:
             await trio.to_thread.run_sync(self.store.put_deployment, d, now)
@@ -153,7 +154,7 @@ class Orchestrator:
         self.rebuild_notes = (self.rebuild_notes + list(res.notes))[-20:]
         self.deployments, self.replicas, self.floor = res.deployments, res.replicas, res.generation_floor
         if res.adopted:
-            self.sets = desired_sets(self.replicas.values())
+            self.sets = self.desired()
         # A gang member whose peers have not said Hello yet keeps its set held, but only
         # for as long as a restarted server waits for nodes to return.
         held = res.waiting if now < self.cp.lost_not_before else frozenset()
@@ -167,6 +168,11 @@ class Orchestrator:
         if changed or (self.next_wake is not None and now >= self.next_wake):
             self.mark_dirty()
         return []
+
+    def desired(self) -> dict[str, tuple[EngineSpec, ...]]:
+        """Each node's desired set, every spec marked as this state's."""
+        return {n: tuple(evolve(s, issuer=self.state_id) for s in specs)
+                for n, specs in desired_sets(self.replicas.values()).items()}
 
     def desired_ids(self, node_id: str) -> set[str]:
         return {spec.replica_id for spec in self.sets.get(node_id, ())}
@@ -214,7 +220,7 @@ class Orchestrator:
             log.info("%s: %s", e.replica, e.text)
         out: list[Outgoing] = []
         if result.changed_nodes:
-            self.sets = desired_sets(self.replicas.values())
+            self.sets = self.desired()
             for node_id in sorted(result.changed_nodes):
                 node = self.cp.nodes.get(node_id)
                 if node is not None and node.connected and node.routing_id:

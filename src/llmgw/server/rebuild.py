@@ -2,9 +2,10 @@
 
 A server whose state folder was lost (or restored from an old copy) must not stop engines
 it did not start. Every engine record carries the deployment it was made from
-(EngineSpec.origin) and each Hello sends it back; an engine the server does not know,
-whose generation is above the server's generation floor, cannot have been stopped on
-purpose by this state (a deliberate stop leaves the floor above it), so it is adopted:
+(EngineSpec.origin) and the id of the state that issued it (EngineSpec.issuer), and each
+Hello sends them back. An engine the server does not know that another state issued, or
+whose generation is above this state's floor (a copy restored from before it), cannot have
+been stopped on purpose by this state, so it is adopted:
 its replica is rebuilt as placed where it runs, and its deployment from the origin when
 the server has none by that name. Pure: data in, data out.
 """
@@ -32,9 +33,13 @@ class Rebuilt:
     notes: tuple[str, ...] = ()  # engine records that could not be used, and why
 
 
-def adoptable(report: EngineReport, replicas: Mapping[str, Replica], floor: int) -> bool:
-    return (report.spec is not None and report.replica_id not in replicas
-            and report.generation > floor and report.state not in (EngineState.EXITED, EngineState.FAILED))
+def adoptable(report: EngineReport, replicas: Mapping[str, Replica], floor: int, state_id: str) -> bool:
+    spec = report.spec
+    if spec is None or report.replica_id in replicas:
+        return False
+    if report.state in (EngineState.EXITED, EngineState.FAILED):
+        return False
+    return report.generation > floor or bool(spec.issuer) and spec.issuer != state_id
 
 
 def rebuild(
@@ -45,6 +50,7 @@ def rebuild(
     floor: int,
     now: float,
     rebuilt: frozenset[str] = frozenset(),
+    state_id: str = "",
 ) -> Rebuilt:
     """`reports`: node id -> the engines it reported at Hello; `addrs`: node id -> its
     management address; `rebuilt`: deployments rebuilt earlier, whose replica count still
@@ -54,7 +60,7 @@ def rebuild(
     groups: dict[tuple[str, int], list[tuple[str, EngineSpec]]] = {}
     for node_id, rs in sorted(reports.items()):
         for rep in rs:
-            if adoptable(rep, replicas, floor) and rep.spec is not None:
+            if adoptable(rep, replicas, floor, state_id) and rep.spec is not None:
                 groups.setdefault((rep.replica_id, rep.generation), []).append((node_id, rep.spec))
     adopted: list[str] = []
     created: list[str] = []

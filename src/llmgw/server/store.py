@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -215,6 +216,16 @@ class Store:
                 _set_meta(db, "generation_floor", str(generation_floor))
 
         self._tx(run)
+
+    def state_id(self) -> str:
+        """A random id made with this state (once, kept in meta): engines carry the id of
+        the state that issued them, so a server can tell its own from a lost state's."""
+        rows = self._read("SELECT value FROM meta WHERE key = 'state_id'")
+        if rows:
+            return str(rows[0][0])
+        new = uuid.uuid4().hex
+        self._tx(lambda db: _set_meta(db, "state_id", new))
+        return new
 
     def generation_floor(self) -> int:
         rows = self._read("SELECT value FROM meta WHERE key = 'generation_floor'")
