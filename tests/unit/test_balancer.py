@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from llmgw.router.balancer import FULL_LOAD, VNODES, Pool, Replica, prefix_key
+from llmgw.router.balancer import VNODES, Pool, Replica, prefix_key
 from llmgw.router.table import EndpointTable
 
 
@@ -41,12 +41,16 @@ def test_counts_at_dispatch_spread_load() -> None:
     assert max(counts) - min(counts) <= 3, counts
 
 
-def test_stale_metrics_count_as_full_load() -> None:
+def test_stale_metrics_fall_back_to_the_in_flight_count() -> None:
+    """An engine whose /metrics stalls under load is busy, not full (issue 11)."""
     rs = replicas(2, now=0.0)
-    rs[1].set_load(0, 0, 0.1, 10.0)  # fresh at t=10; r0's figures are 10 s old
+    rs[1].set_load(0, 4, 0.1, 10.0)  # fresh at t=10, four waiting; r0's figures are 10 s old
     pool = Pool(rs, rng=random.Random(3))
-    assert rs[0].score(10.0, 2.0) >= FULL_LOAD
+    assert rs[0].score(10.0, 2.0) == 0.0
+    assert all(pool.choose(10.0, 2.0) is rs[0] for _ in range(20))
+    rs[0].outstanding = 6  # the router's own count says r0 is busier
     assert all(pool.choose(10.0, 2.0) is rs[1] for _ in range(20))
+    rs[0].outstanding = 0
     # engine queue counts too
     rs[0].set_load(0, 0, 0.1, 10.0)
     rs[1].waiting = 10

@@ -2,8 +2,10 @@
 
 - Least outstanding with power-of-two choices: two distinct eligible replicas are drawn
   at random and the less loaded wins. Load is the router's own in-flight count (counted
-  at dispatch, released when the response ends) plus the engine's queue from /metrics;
-  figures older than `stale_after` (or never seen) count as full load.
+  at dispatch, released when the response ends) plus the engine's queue from /metrics.
+  Engine figures older than `stale_after` (or never seen) are left out: the in-flight
+  count alone then says how loaded a replica is (an engine whose /metrics stalls under
+  load is busy, not full).
 - Prefix affinity: bounded-load consistent hashing. Each replica owns `VNODES` points on
   a hash ring; a request's key (the start of its prompt) hashes to a point and walks
   clockwise to the first eligible replica whose in-flight count stays within
@@ -22,8 +24,6 @@ import random
 
 VNODES = 40
 BOUND = 1.25
-# What a replica with stale or missing engine figures counts as: more than any real queue.
-FULL_LOAD = 1_000_000.0
 KV_FULL_PENALTY = 8.0
 
 
@@ -83,7 +83,7 @@ class Replica:
     def score(self, now: float, stale_after: float) -> float:
         """Lower is better: in-flight count plus what the engine queues."""
         if now - self.load_at > stale_after:
-            return FULL_LOAD + self.outstanding
+            return float(self.outstanding)
         # The engine's waiting queue and a nearly full KV cache both mean a new request waits.
         return self.outstanding + self.waiting + (KV_FULL_PENALTY if self.kv_usage >= 0.95 else 0.0)
 
@@ -173,12 +173,6 @@ class Pool:
                 continue
             seen.add(id(r))
             if r in cands and r.outstanding + 1 <= limit:
-                # A replica whose figures are stale is as good as full: skip it if others
-                # are fresh (falls through to power of two, which prefers fresh ones).
-                if r.score(now, stale_after) >= FULL_LOAD and any(
-                    c.score(now, stale_after) < FULL_LOAD for c in cands
-                ):
-                    continue
                 return r
             if len(seen) == len(self.replicas):
                 break
