@@ -158,7 +158,9 @@ class Orchestrator:
         # A gang member whose peers have not said Hello yet keeps its set held, but only
         # for as long as a restarted server waits for nodes to return.
         held = res.waiting if now < self.cp.lost_not_before else frozenset()
-        self.adopt_from = set(held)
+        # Only the nodes asked about now: Hellos that came during the awaits above wait
+        # for the next pass.
+        self.adopt_from = {n for n in self.adopt_from if n in self.cp.nodes} - (set(asking) - held)
         return [n for n in asking if n not in held]
 
     def _ticked(self, changed: list[tuple[Node, NodeState]], now: float) -> list[Outgoing]:
