@@ -124,6 +124,13 @@ class RawPeer:
         self.send_msg(hello_msg(node_id, **kw))
         return self.recv_until(lambda m: isinstance(m, Welcome | Refused), timeout)
 
+    def welcomed(self, node_id: str, timeout: float = 20.0) -> bool:
+        """Send a valid Hello for `node_id` and wait for its Welcome, past the answers
+        still on their way to frames sent before (a long fuzz leaves a backlog of them)."""
+        self.drain()
+        self.send_msg(hello_msg(node_id))
+        return self.recv_until(lambda m: isinstance(m, Welcome), timeout) is not None
+
     def request(self, op: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> str:
         """Send `op` as the current request message for it: "ok", "refused" (Refused, or
         a reply that says no) or "silent" (nothing within `timeout`)."""
