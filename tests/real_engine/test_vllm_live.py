@@ -52,6 +52,7 @@ class Rig:
         self.agent: Proc | None = None
         self.router: Proc | None = None
         self.router_url = ""
+        self._client: openai.OpenAI | None = None
 
     # -- processes -------------------------------------------------------------
     def start_agent(self) -> Proc:
@@ -110,10 +111,23 @@ class Rig:
         return str(self.replica()["endpoint"])
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.router_url + "/v1", api_key="none", timeout=60,
-                             max_retries=0)
+        # One client, closed with the rig: a client left to the garbage collector leaks
+        # its pooled sockets (a ResourceWarning, an error under filterwarnings).
+        if self._client is None:
+            self._client = openai.OpenAI(base_url=self.router_url + "/v1", api_key="none",
+                                         timeout=60, max_retries=0)
+        return self._client
+
+    def wait_routed(self) -> None:
+        """Until the router lists the model: it learns of a ready replica on its next poll
+        of the server's table, up to `table_poll_interval` after ctl shows it ready (a
+        request in between gets 503 model_not_ready, as it should)."""
+        c = self.client()
+        wait_for(lambda: MODEL in [m.id for m in c.models.list().data], 20, "router has the model")
 
     def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
         self.c.close()
 
 
@@ -154,7 +168,7 @@ def test_ready_and_served_through_the_router(rig: Rig) -> None:
     log = rig.engine_log().read_text(errors="replace")
     assert "SIMULATED" not in log and "vLLM" in log  # the real engine, not the simulation
     c = rig.client()
-    wait_for(lambda: MODEL in [m.id for m in c.models.list().data], 20, "router has the model")
+    rig.wait_routed()
     chat = c.chat.completions.create(model=MODEL, max_tokens=5,
                                      messages=[{"role": "user", "content": "hello"}])
     assert chat.choices[0].message.role == "assistant"
@@ -201,13 +215,17 @@ def _open_stream(router_url: str) -> socket.socket:
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": MAX_TOKENS,
                        "ignore_eos": True, "stream": True}).encode()
     s = socket.create_connection((host, int(port)), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    got = b""
-    while got.count(b"data:") < 3:
-        chunk = s.recv(65536)
-        assert chunk, got
-        got += chunk
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while got.count(b"data:") < 3:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    except BaseException:
+        s.close()
+        raise
     return s
 
 
@@ -269,6 +287,7 @@ def test_engine_sigkill_is_reported_and_restarted_under_a_new_generation(rig: Ri
     rep = rig.wait_ready(newer_than=gen)
     assert rep["generation"] > gen
     assert rig.leader() != pid
+    rig.wait_routed()
     r = rig.client().chat.completions.create(model=MODEL, max_tokens=2,
                                              messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].finish_reason == "length"
