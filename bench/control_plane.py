@@ -1,11 +1,14 @@
 """Control-plane figures: N simulated agents (real CURVE DEALER sockets, several hundred
 per worker process) against one `llmgw server` process.
 
-Prints, per N: the server's CPU seconds per heartbeat, its resident memory per node, and
-heartbeat-to-acknowledgement latency p50/p99 as the agents see it.
+Prints, per N: the server's CPU per heartbeat, its resident memory per node,
+heartbeat-to-acknowledgement latency p50/p99 as the agents see it, the agents' workers' own
+CPU (apart from the server's), and a storm: the server SIGKILLed and restarted on the same
+state, every agent reconnecting as the real one does (a new socket after jittered
+backoff), timed from the restarted server listening to all agents welcomed back.
 
     .venv/bin/python bench/control_plane.py                  # N = 1,000 and 10,000
-    .venv/bin/python bench/control_plane.py --nodes 2000 --window 20
+    .venv/bin/python bench/control_plane.py --nodes 2000 --window 20 --json cp.json
 
 A figure, not a test: nothing here asserts. On a 2-core machine the agents' workers and
 the server share the cores, so latency includes the workers' own scheduling.
@@ -76,11 +79,12 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
     import zmq
 
     from llmgw import PROTOCOL_VERSION
+    from llmgw.agent.backoff import backoff_delay
     from llmgw.model.inventory import Inventory, NodeInfo
     from llmgw.transport import codec
     from llmgw.transport.dealer import connect
     from llmgw.transport.keys import load_pair, load_public
-    from llmgw.transport.messages import Heartbeat, HeartbeatAck, Hello, Welcome
+    from llmgw.transport.messages import Heartbeat, HeartbeatAck, Hello, HelloFirst, Welcome
 
     ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
     ctx.set(zmq.MAX_SOCKETS, 65536)  # the default, 1023, is below one worker's share
@@ -89,35 +93,72 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
     welcomed = 0
     stop = meet / "stop"
 
-    async def agent(secret: str) -> None:
-        nonlocal welcomed
-        pair = load_pair(secret)
-        hello = codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(pair.identity, "127.0.0.1"), Inventory()))
-        async with connect(ctx, server, pair, server_public) as conn:
-            while True:
-                await conn.send(hello)
-                with trio.move_on_after(HELLO_RETRY):
-                    while not isinstance(codec.decode(await conn.recv()), Welcome):
-                        pass
-                    break
-            welcomed += 1
-            await trio.sleep(random.random() * interval)
+    rewelcomed = 0
+    storm = meet / "storm"
+
+    async def handshake(conn: Any, hello: bytes) -> bool:
+        await conn.send(hello)
+        with trio.move_on_after(HELLO_RETRY):
+            while not isinstance(codec.decode(await conn.recv()), Welcome):
+                pass
+            return True
+        return False
+
+    async def beat(conn: Any) -> None:
+        """Heartbeats every interval, as the real agent's link sends them (not waiting for
+        acks), until the server forgets us (HelloFirst: it restarted) or is silent for
+        three intervals."""
+        pending: dict[int, tuple[float, float]] = {}  # seq -> (sent, wall time sent)
+
+        async def sender(cancel: trio.CancelScope) -> None:
             seq = 0
             while not stop.exists():
                 seq += 1
-                sent, wall = trio.current_time(), time.time()
+                pending[seq] = (trio.current_time(), time.time())
                 await conn.send(codec.encode(Heartbeat(seq)))
-                while True:
+                await trio.sleep(interval)
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender, nursery.cancel_scope)
+            while True:
+                with trio.move_on_after(3 * interval) as silent:
                     msg = codec.decode(await conn.recv())
-                    if isinstance(msg, HeartbeatAck) and msg.seq == seq:
-                        break
-                now = trio.current_time()
-                samples.append((wall, now - sent))
-                await trio.sleep(max(0.0, interval - (now - sent)))
+                if silent.cancelled_caught or isinstance(msg, HelloFirst):
+                    break
+                if isinstance(msg, HeartbeatAck) and msg.seq in pending:
+                    sent, wall = pending.pop(msg.seq)
+                    samples.append((wall, trio.current_time() - sent))
+            nursery.cancel_scope.cancel()
+
+    async def agent(secret: str) -> None:
+        nonlocal welcomed, rewelcomed
+        pair = load_pair(secret)
+        hello = codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(pair.identity, "127.0.0.1"), Inventory()))
+        attempt = 0
+        first, back = True, False
+        while not stop.exists():
+            async with connect(ctx, server, pair, server_public) as conn:
+                if await handshake(conn, hello):
+                    attempt = 0
+                    if first:
+                        welcomed += 1
+                        first = False
+                        await trio.sleep(random.random() * interval)
+                    elif not back and storm.exists():
+                        rewelcomed += 1
+                        back = True
+                    await beat(conn)
+            if stop.exists():
+                break
+            # The real agent's reconnect: a new socket (a new CURVE handshake) after
+            # jittered exponential backoff, from the agent's own defaults.
+            await trio.sleep(backoff_delay(attempt, 1.0, 30.0, random.random()))
+            attempt += 1
 
     async def progress() -> None:
         while True:
-            (meet / f"progress-{index}").write_text(str(welcomed))
+            (meet / f"progress-{index}").write_text(f"{welcomed} {rewelcomed}")
             await trio.sleep(1.0)
 
     with trio.move_on_after(MAX_RUN):
@@ -131,7 +172,7 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
     window = meet / "window"
     t0, t1 = (float(x) for x in window.read_text().split()) if window.exists() else (0.0, 0.0)
     lat = [d for w, d in samples if t0 <= w < t1]
-    return {"latencies": lat, "acks": len(lat), "welcomed": welcomed}
+    return {"latencies": lat, "acks": len(lat), "welcomed": welcomed, "rewelcomed": rewelcomed}
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -147,17 +188,37 @@ def worker_main(args: argparse.Namespace) -> None:
 # ---- driver ----
 
 
-def _welcomed(meet: Path) -> int:
+def _welcomed(meet: Path, column: int = 0) -> int:
+    """Agents welcomed (column 0) or welcomed again after the storm began (column 1)."""
     total = 0
     for f in meet.glob("progress-*"):
         try:
-            total += int(f.read_text() or 0)
-        except (OSError, ValueError):
+            total += int((f.read_text() or "0 0").split()[column])
+        except (OSError, ValueError, IndexError):
             continue  # being written this instant
     return total
 
 
-def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, float]:
+def _start_server(root: Path, config: Path, log_name: str) -> subprocess.Popen[bytes]:
+    log_path = root / log_name
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config", str(config)],
+                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=_raise_fd_limit)
+    t0 = time.monotonic()
+    while b"listening on" not in log_path.read_bytes():
+        if server.poll() is not None or time.monotonic() - t0 > 120:
+            raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return server
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait(30)
+
+
+def run(n: int, interval: float, window: float, per_worker: int, storm: bool) -> dict[str, float]:
     from llmgw.transport import keys
 
     sys.path.insert(0, str(HERE.parent / "tests"))
@@ -175,17 +236,14 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
             keys.issue_key(str(kd), "node", name)
         print(f"  issued {n} keys in {time.monotonic() - t0:.1f}s", file=sys.stderr)
         address = f"tcp://127.0.0.1:{free_port()}"
-        (root / "server.toml").write_text(
+        config = root / "server.toml"
+        config.write_text(
             f'bind = "{address}"\nkeys_dir = "{kd}"\nstate_dir = "{root / "state"}"\n'
             f'heartbeat_interval = "{interval}s"\n')
-        log = open(root / "server.log", "wb")  # noqa: SIM115
-        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config",
-                                   str(root / "server.toml")], stdout=log, stderr=subprocess.STDOUT,
-                                  preexec_fn=_raise_fd_limit)
+        server = _start_server(root, config, "server.log")
         workers: list[subprocess.Popen[bytes]] = []
+        storm_s = storm_cpu = startup_cpu = float("nan")
         try:
-            while b"listening on" not in (root / "server.log").read_bytes():
-                time.sleep(0.1)
             rss_idle = _rss_bytes(server.pid)
             chunks = [names[i:i + per_worker] for i in range(0, n, per_worker)]
             for i, chunk in enumerate(chunks):
@@ -198,11 +256,12 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
                     stdout=subprocess.PIPE))
             t0 = time.monotonic()
             while _welcomed(meet) < n and time.monotonic() - t0 < 300:
-                time.sleep(1.0)
+                time.sleep(0.5)
             print(f"  {_welcomed(meet)} of {n} connected in {time.monotonic() - t0:.0f}s",
                   file=sys.stderr)
             time.sleep(interval)  # every agent into its heartbeat rhythm
             wall0, cpu0, threads0 = time.time(), _cpu_seconds(server.pid), _thread_cpu(server.pid)
+            agents0 = sum(_cpu_seconds(w.pid) for w in workers)
             profiler = None
             if os.environ.get("LLMGW_BENCH_PROFILE"):
                 profiler = subprocess.Popen(["py-spy", "record", "-r", "1000", "-p", str(server.pid), "-d",
@@ -211,21 +270,31 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(window)
             wall1, cpu1, threads1 = time.time(), _cpu_seconds(server.pid), _thread_cpu(server.pid)
+            agents1 = sum(_cpu_seconds(w.pid) for w in workers)
             rss = _rss_bytes(server.pid)
             if profiler is not None:
                 profiler.wait(60)
             (meet / "window").write_text(f"{wall0} {wall1}")
+            if storm:
+                # A server restart: SIGKILL, the same config and state, every agent back.
+                _stop(server)
+                (meet / "storm").write_text(str(time.time()))
+                server = _start_server(root, config, "server-restarted.log")
+                t_listen = time.monotonic()
+                startup_cpu = _cpu_seconds(server.pid)
+                while _welcomed(meet, 1) < n and time.monotonic() - t_listen < 300:
+                    time.sleep(0.05)
+                storm_s = time.monotonic() - t_listen
+                storm_cpu = _cpu_seconds(server.pid) - startup_cpu
+                print(f"  storm: {_welcomed(meet, 1)} of {n} back in {storm_s:.1f}s "
+                      f"(server CPU {storm_cpu:.1f}s, {startup_cpu:.1f}s more to start)", file=sys.stderr)
             (meet / "stop").touch()
             results = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
         finally:
             (meet / "stop").touch()
             for w in workers:
-                if w.poll() is None:
-                    w.kill()
-                    w.wait()
-            server.terminate()
-            server.wait(30)
-            log.close()
+                _stop(w)
+            _stop(server)
     lat = sorted(x for r in results for x in r["latencies"])
     acks = sum(r["acks"] for r in results)
     welcomed = sum(r["welcomed"] for r in results)
@@ -234,12 +303,17 @@ def run(n: int, interval: float, window: float, per_worker: int) -> dict[str, fl
         "nodes": n,
         "welcomed": welcomed,
         "heartbeats": acks,
-        "cpu_per_heartbeat_ms": spent / max(acks, 1) * 1000,
+        "server_cpu_ms_per_heartbeat": spent / max(acks, 1) * 1000,
         "server_core_share": spent / window,
         "python_share": (threads1.get("python", 0) - threads0.get("python", 0)) / max(spent, 1e-9),
-        "rss_per_node_kib": (rss - rss_idle) / max(welcomed, 1) / 1024,
-        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
-        "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan"),
+        "agents_core_share": (agents1 - agents0) / window,
+        "server_rss_kib_per_node": (rss - rss_idle) / max(welcomed, 1) / 1024,
+        "ack_p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "ack_p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else float("nan"),
+        "storm_s": storm_s,
+        "storm_server_cpu_s": storm_cpu,
+        "storm_server_cpu_ms_per_reconnect": storm_cpu / n * 1000,
+        "server_start_cpu_s": startup_cpu,
     }
 
 
@@ -248,7 +322,10 @@ def main() -> None:
     p.add_argument("--nodes", type=int, action="append", help="N (repeatable); default 1000 and 10000")
     p.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
     p.add_argument("--window", type=float, default=20.0, help="measured seconds")
-    p.add_argument("--per-worker", type=int, default=1250, help="agents per worker process")
+    p.add_argument("--per-worker", type=int, default=1000, help="agents per worker process")
+    p.add_argument("--no-storm", action="store_true", help="skip the server-restart storm")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as one JSON object "
+                   "(keyed by N when several N are run)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--server", help=argparse.SUPPRESS)
     p.add_argument("--server-key", help=argparse.SUPPRESS)
@@ -261,13 +338,19 @@ def main() -> None:
         return
     _raise_fd_limit()
     print(f"{'nodes':>7} {'ready':>7} {'heartbeats':>10} {'CPU/hb':>9} {'core':>6} {'python':>7} "
-          f"{'RSS/node':>9} {'p50':>8} {'p99':>8}")
+          f"{'agents':>7} {'RSS/node':>9} {'p50':>8} {'p99':>8} {'storm':>7} {'storm CPU':>10}")
+    runs = []
     for n in args.nodes or [1000, 10000]:
-        r = run(n, args.interval, args.window, args.per_worker)
+        r = run(n, args.interval, args.window, args.per_worker, not args.no_storm)
+        runs.append(r)
         print(f"{r['nodes']:>7} {r['welcomed']:>7} {r['heartbeats']:>10} "
-              f"{r['cpu_per_heartbeat_ms']:>7.3f}ms {r['server_core_share']:>5.0%} {r['python_share']:>6.0%} "
-              f"{r['rss_per_node_kib']:>6.1f}KiB {r['p50_ms']:>6.2f}ms {r['p99_ms']:>6.2f}ms",
-              flush=True)
+              f"{r['server_cpu_ms_per_heartbeat']:>7.3f}ms {r['server_core_share']:>5.0%} "
+              f"{r['python_share']:>6.0%} {r['agents_core_share']:>6.0%} "
+              f"{r['server_rss_kib_per_node']:>6.1f}KiB {r['ack_p50_ms']:>6.2f}ms {r['ack_p99_ms']:>6.2f}ms "
+              f"{r['storm_s']:>6.1f}s {r['storm_server_cpu_s']:>9.1f}s", flush=True)
+    if args.json:
+        doc = runs[0] if len(runs) == 1 else {str(r["nodes"]): r for r in runs}
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":
