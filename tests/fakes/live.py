@@ -65,9 +65,27 @@ def engine_pids(root: Path) -> dict[int, str]:
     return found
 
 
+def _cwd_below(root: Path) -> list[int]:
+    prefix = str(root)
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd").startswith(prefix):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def kill_engines(root: Path) -> None:
-    """Safety net for a test's end: SIGKILL, by pid, every engine started under `root`."""
-    for pid in engine_pids(root):
+    """Safety net for a test's end: SIGKILL, by pid, every process started under `root`
+    (its cwd is below it). Not by tag alone: vLLM's EngineCore and workers set their
+    process title, which overwrites /proc/PID/environ, so once the engine's main process
+    is gone nothing there names them."""
+    for pid in {*engine_pids(root), *_cwd_below(root)}:
+        if pid == os.getpid():
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
