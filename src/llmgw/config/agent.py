@@ -92,5 +92,7 @@ class AgentConfig:
     supervisor: SupervisorConfig = SupervisorConfig()
     # Inclusive range the server assigns this node's engine and rendezvous ports from.
     port_range: tuple[int, int] = (20000, 29999)
+    # host:port of the HTTP listener with /metrics (Prometheus). Empty: no listener.
+    metrics_bind: str = "127.0.0.1:9465"
     # Where the config was read from, for messages.
     source: str = ""

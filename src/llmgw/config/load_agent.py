@@ -24,6 +24,7 @@ from llmgw.config._strict import (
     structure_file,
 )
 from llmgw.config.agent import AgentConfig, ModelDirConfig
+from llmgw.config.metrics import check_metrics_bind
 from llmgw.errors import ConfigError
 
 LAUNCH_MODES = ("ray", "mp")
@@ -70,6 +71,7 @@ def _check(path: str, cfg: AgentConfig) -> None:
     if not cfg.node_id.strip():
         raise ConfigError(path, "node_id", f"{cfg.node_id!r} is empty; remove the key to use the hostname")
     check_tcp_address(path, "server", cfg.server)
+    check_metrics_bind(path, "metrics_bind", cfg.metrics_bind)
     if not cfg.mgmt_addr.strip():
         raise ConfigError(
             path, "mgmt_addr", f"{cfg.mgmt_addr!r} is empty; give the address engines are reachable on"

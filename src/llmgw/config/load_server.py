@@ -16,6 +16,7 @@ from llmgw.config._strict import (
     read_toml,
     structure_file,
 )
+from llmgw.config.metrics import check_metrics_bind, check_metrics_token
 from llmgw.config.server import ServerConfig
 from llmgw.errors import ConfigError
 
@@ -53,6 +54,8 @@ def _check(path: str, cfg: ServerConfig) -> None:
         raise ConfigError(
             path, "max_message_size", f"{cfg.max_message_size} is too small (at least 1024 bytes)"
         )
+    check_metrics_bind(path, "metrics_bind", cfg.metrics_bind)
+    check_metrics_token(path, "metrics_bind", cfg.metrics_bind, "metrics_token", cfg.metrics_token)
 
 
 def check_keys_dir(path: str, key: str, keys_dir: str) -> None:

@@ -20,4 +20,10 @@ class ServerConfig:
     # More than this share of nodes silent within one grace period: hold re-placement.
     mass_loss_share: float = 0.3
     max_message_size: int = 4 * 1024 * 1024
+    # host:port of the HTTP listener with /metrics (Prometheus), the status page at / and
+    # /status.json. Empty: no listener. Anything but loopback needs metrics_token.
+    metrics_bind: str = "127.0.0.1:9464"
+    # Empty: no token (loopback only). Else requests carry `Authorization: Bearer TOKEN`
+    # (or `?token=TOKEN` for the page in a browser).
+    metrics_token: str = ""
     source: str = ""
