@@ -136,6 +136,8 @@ class Cluster:
         self.server_toml.write_text(
             f'bind = "{self.address}"\nkeys_dir = "{self.keys_dir}"\nstate_dir = "{root / "state"}"\n'
             f'heartbeat_interval = "{heartbeat}"\nlost_after = "{lost_after}"\n{extra_server}'
+            # Tests run side by side: no listener on the default port unless asked.
+            + ("" if "metrics_bind" in extra_server else 'metrics_bind = ""\n')
         )
         self.procs: list[Proc] = []
         self._ranges = 0
@@ -171,6 +173,7 @@ class Cluster:
                            "health_interval": "500ms"},
             # Every test "node" shares 127.0.0.1: give each its own ports.
             "port_range": list(self._port_range()),
+            "metrics_bind": "",  # no listener on the default port unless asked
         }
         for k, v in overrides.items():
             if isinstance(v, dict) and isinstance(cfg.get(k), dict):
