@@ -84,6 +84,11 @@ class Orchestrator:
         self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
         self.failed_passes = 0
+        # Called after each pass with its wall time and the replicas before and after
+        # (the metrics); and the newest event of each replica, for the status document.
+        self.on_pass: Callable[[float, dict[str, Replica], dict[str, Replica]], None] = \
+            lambda cost, before, after: None
+        self.last_events: dict[str, StoredEvent] = {}
         # Nodes whose Hello reported engines this state has no record of (rebuild.py):
         # their desired set waits for the pass that adopts them.
         self.adopt_from: set[str] = set()
@@ -147,6 +152,7 @@ class Orchestrator:
         events += [StoredEvent(now, name, "", "rebuilt from its engines' records") for name in res.created]
         if events:
             await trio.to_thread.run_sync(self.store.add_events, events)
+            self.note_events(events)
         for e in events:
             log.warning("%s%s: %s", e.deployment, f" {e.replica}" if e.replica else "", e.text)
         for note in res.notes:
@@ -259,6 +265,8 @@ class Orchestrator:
                 self.mark_dirty()
                 continue
             cost = trio.current_time() - started
+            self.on_pass(cost, before[0], self.replicas)
+            self.note_events(events)
             if events or (self.replicas, self.floor) != before:
                 # Persist before telling anyone: what a node is asked to run survives a crash.
                 await trio.to_thread.run_sync(functools.partial(
@@ -408,7 +416,18 @@ class Orchestrator:
                 {"replica_id": r.id, "url": r.endpoint, "ready": r.state == ReplicaState.READY})
         return table
 
+    def note_events(self, events: list[StoredEvent]) -> None:
+        for e in events:
+            if e.replica:
+                self.last_events[e.replica] = e
+        if len(self.last_events) > 2 * len(self.replicas) + 100:  # bounded: gone replicas go
+            self.last_events = {k: e for k, e in self.last_events.items() if k in self.replicas}
+
     def op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
+        return self.status_document(now)
+
+    def status_document(self, now: float) -> dict[str, Any]:
+        """What `ctl status -o json` prints, and the status page's /status.json."""
         return {**status_view(self.cp, now), **self.status_extra(now)}
 
     def status_extra(self, now: float) -> dict[str, Any]:
@@ -417,7 +436,7 @@ class Orchestrator:
             notes.append("rebuilt from the cluster (the state folder had no record of them): "
                          + ", ".join(sorted(self.rebuilt)))
         notes += self.rebuild_notes
-        return {"deployments": deployment_rows(self), "replicas": replica_rows(self),
+        return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
                 "notes": notes}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
@@ -92,8 +93,16 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
     return row
 
 
-def replica_rows(o: Orchestrator) -> list[dict[str, Any]]:
-    return [replica_row(r) for r in sorted(o.replicas.values(), key=lambda r: r.id)]
+def replica_rows(o: Orchestrator, last_events: Mapping[str, StoredEvent] | None = None
+                 ) -> list[dict[str, Any]]:
+    rows = []
+    for r in sorted(o.replicas.values(), key=lambda r: r.id):
+        row = replica_row(r)
+        if last_events is not None:
+            e = last_events.get(r.id)
+            row["last_event"] = {"ts": e.ts, "text": e.text} if e is not None else None
+        rows.append(row)
+    return rows
 
 
 def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> str:
