@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -139,6 +140,10 @@ class ControlPlane:
     failed: int = 0  # messages (or ticks, or requests) whose handling raised: a bug of ours
     # Warnings a peer can cause, per (peer, what): a few, then one a minute with a count.
     throttle: Throttle = field(factory=Throttle)
+    # For the metrics: messages decoded, by kind; messages refused or dropped, by reason
+    # (a fixed vocabulary: never peer text).
+    received: Counter[str] = field(factory=Counter)
+    refusals: Counter[str] = field(factory=Counter)
 
     def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
@@ -152,11 +157,13 @@ class ControlPlane:
     def handle(self, routing_id: bytes, uid: str, payload: bytes, now: float) -> list[Outgoing]:
         if not uid:
             self.dropped += 1
+            self.refusals["no_user_id"] += 1
             self.warn("", "no-uid", "dropped a message without a ZAP User-Id")
             return []
         info = self.authorized.get(uid)
         if info is None:
             self.dropped += 1
+            self.refusals["unauthorized_key"] += 1
             self.warn(uid, "revoked", "refused a message from key %s: not authorized (revoked?)", uid)
             return [(routing_id, Refused(reason="this key is not authorized (revoked?)"))]
         role, identity = info.role, info.name
@@ -165,15 +172,18 @@ class ControlPlane:
             msg = codec.decode(payload)
         except ProtocolError as exc:
             self.dropped += 1
+            self.refusals["bad_message"] += 1
             self.warn(uid, "bad", "dropped a bad message from %s %s: %s", role, identity, exc)
             if exc.request_id and role != "node":
                 return [(routing_id, Reply(exc.request_id, False, error=str(exc)))]
             return []
+        self.received[codec.kind_of(msg)] += 1
         if isinstance(msg, Request):
             reply = self._request(peer, msg, now)
             return [(routing_id, reply)] if reply is not None else []
         if role != "node":
             self.dropped += 1
+            self.refusals["wrong_role"] += 1
             self.warn(uid, "kind", "dropped %s from %s %s: only nodes send it", codec.kind_of(msg), role,
                       identity)
             return []
@@ -181,6 +191,7 @@ class ControlPlane:
             return self._hello(peer, msg, now)
         node = self.nodes.get(identity)
         if node is None or not node.connected or node.key != uid:
+            self.refusals["no_session"] += 1
             return [(routing_id, HelloFirst(reason="no session; send Hello"))]
         self._heard(node, routing_id, now)
         if isinstance(msg, Heartbeat):
@@ -192,6 +203,7 @@ class ControlPlane:
             rid = msg.report.replica_id
             if rid not in node.engines and rid not in self.desired_ids(identity):
                 self.dropped += 1
+                self.refusals["unexpected_report"] += 1
                 self.warn(uid, "report", "dropped a report from node %s for replica %s: not asked to run "
                           "it, nor reported at Hello", identity, rid)
                 return []
@@ -205,6 +217,7 @@ class ControlPlane:
                 waiter(msg)
             return []
         self.dropped += 1
+        self.refusals["wrong_kind"] += 1
         self.warn(uid, "kind", "dropped %s from node %s: not a message a node sends", codec.kind_of(msg),
                   identity)
         return []
@@ -213,13 +226,16 @@ class ControlPlane:
         claimed = msg.node.node_id
         if msg.protocol != PROTOCOL_VERSION:
             reason = f"protocol {msg.protocol} not supported; this server speaks {PROTOCOL_VERSION}"
+            self.refusals["protocol"] += 1
             return [(peer.routing_id, Refused(reason=reason))]
         if claimed != peer.identity:
+            self.refusals["identity_mismatch"] += 1
             self.warn(peer.key, "claim", "refused Hello: key bound to %r claims node %r", peer.identity,
                       claimed)
             reason = f"this key is bound to node {peer.identity!r}, but Hello claims {clip(claimed, 200)!r}"
             return [(peer.routing_id, Refused(reason=reason))]
         if len(msg.engines) > MAX_HELLO_ENGINES:
+            self.refusals["too_many_engines"] += 1
             self.warn(peer.key, "claim", "refused Hello from node %s: %d engines (at most %d)", claimed,
                       len(msg.engines), MAX_HELLO_ENGINES)
             reason = f"Hello reports {len(msg.engines)} engines; at most {MAX_HELLO_ENGINES}"
@@ -258,13 +274,16 @@ class ControlPlane:
 
     def _request(self, peer: Peer, req: Request, now: float) -> Reply | None:
         if req.protocol != PROTOCOL_VERSION:
+            self.refusals["protocol"] += 1
             return Reply(req.request_id, False, error=f"protocol {req.protocol} not supported")
         name = op_name(type(req.op))
         entry = self.ops.get(type(req.op))
         if entry is None:
+            self.refusals["unknown_op"] += 1
             return Reply(req.request_id, False, error=f"this server does not answer {name!r} requests")
         roles, handler = entry
         if peer.role not in roles:
+            self.refusals["role"] += 1
             self.warn(peer.key, "role", "refused %s request from %s %s", name, peer.role, peer.identity)
             return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {name!r}")
         try:
@@ -309,6 +328,7 @@ class ControlPlane:
         for node in self.nodes.values():
             if node.connected and node.key not in keys:
                 node.connected = False
+                self.refusals["revoked"] += 1
                 log.warning("node %s: key revoked, session cut", node.node_id)
                 out.append((node.routing_id, Refused(reason="this node's key was revoked")))
         return out
