@@ -21,6 +21,7 @@ import json
 import os
 import random
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,7 +70,6 @@ def _rss_bytes(pid: int) -> int:
 # are welcomed to `progress-I`; the driver measures once all are, then writes `window`
 # (two wall-clock times) and `stop`. Every wait is bounded.
 
-HELLO_RETRY = 10.0  # seconds: a Hello lost while the server was busy with handshakes
 MAX_RUN = 600.0  # no worker outlives this
 
 
@@ -98,7 +98,8 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
 
     async def handshake(conn: Any, hello: bytes) -> bool:
         await conn.send(hello)
-        with trio.move_on_after(HELLO_RETRY):
+        # The real agent's bound on a Hello's answer, then a new socket (agent/link.py).
+        with trio.move_on_after(max(3 * interval, 1.0)):
             while not isinstance(codec.decode(await conn.recv()), Welcome):
                 pass
             return True
@@ -239,7 +240,7 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
         config = root / "server.toml"
         config.write_text(
             f'bind = "{address}"\nkeys_dir = "{kd}"\nstate_dir = "{root / "state"}"\n'
-            f'heartbeat_interval = "{interval}s"\n')
+            f'heartbeat_interval = "{interval}s"\nmetrics_bind = ""\n')
         server = _start_server(root, config, "server.log")
         workers: list[subprocess.Popen[bytes]] = []
         storm_s = storm_cpu = startup_cpu = float("nan")
@@ -282,10 +283,17 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
                 server = _start_server(root, config, "server-restarted.log")
                 t_listen = time.monotonic()
                 startup_cpu = _cpu_seconds(server.pid)
+                if os.environ.get("LLMGW_BENCH_STORM_PROFILE"):
+                    profiler = subprocess.Popen(["py-spy", "record", "-r", "1000", "-p", str(server.pid),
+                                                 "-f", "raw", "-o", os.environ["LLMGW_BENCH_STORM_PROFILE"]],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 while _welcomed(meet, 1) < n and time.monotonic() - t_listen < 300:
                     time.sleep(0.05)
                 storm_s = time.monotonic() - t_listen
                 storm_cpu = _cpu_seconds(server.pid) - startup_cpu
+                if profiler is not None and os.environ.get("LLMGW_BENCH_STORM_PROFILE"):
+                    profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+                    profiler.wait(60)
                 print(f"  storm: {_welcomed(meet, 1)} of {n} back in {storm_s:.1f}s "
                       f"(server CPU {storm_cpu:.1f}s, {startup_cpu:.1f}s more to start)", file=sys.stderr)
             (meet / "stop").touch()
