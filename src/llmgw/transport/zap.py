@@ -54,6 +54,7 @@ async def serve_zap(
     ctx: zmq.Context[Any],
     lookup: Callable[[bytes], KeyInfo | None],
     *,
+    on_denied: Callable[[str], None] = lambda reason: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     with TrioSocket(ctx.socket(zmq.REP)) as sock:
@@ -63,4 +64,7 @@ async def serve_zap(
         task_status.started()
         while True:
             frames = await sock.recv_multipart()
-            await sock.send_multipart(zap_reply(frames, lookup))
+            reply = zap_reply(frames, lookup)
+            if reply[2] != b"200":
+                on_denied(reply[3].decode())  # our own fixed text, e.g. "unknown key"
+            await sock.send_multipart(reply)
