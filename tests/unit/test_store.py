@@ -1,8 +1,10 @@
-"""The SQLite store: round trips, reopening, migration from nothing."""
+"""The store on both engines (SQLite, and a real PostgreSQL when it is installed):
+round trips, reopening, migrations; SQLite's own file behaviour."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import FabricState
 from llmgw.server.reconcile import reconcile
-from llmgw.server.store import SCHEMA_VERSION, Store, StoredEvent, StoreError
+from llmgw.server.store import SCHEMA_VERSION, SqlStore, Store, StoredEvent, StoreError
 
 
 def dep(name: str = "d", replicas: int = 2, nodes: int = 1) -> Deployment:
@@ -30,6 +32,29 @@ def dep(name: str = "d", replicas: int = 2, nodes: int = 1) -> Deployment:
         strategy=Strategy.PACK,
         gpu_memory_min=1000,
     )
+
+
+Opener = Callable[[], SqlStore]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """Opens the same (at first empty) database each call, on one engine."""
+    if request.param == "sqlite":
+        path = str(tmp_path / "state.db")
+        return lambda: Store(path)
+    from llmgw.server.store_pg import PgStore
+
+    url = request.getfixturevalue("pg_url")
+    return lambda: PgStore(url)
+
+
+def test_fresh_db_is_migrated(opener: Opener) -> None:
+    with opener() as s:
+        assert s.schema_version() == SCHEMA_VERSION
+        assert s.deployments() == {} and s.replicas() == {} and s.nodes() == {}
+    with opener() as s:  # reopening migrates nothing again
+        assert s.schema_version() == SCHEMA_VERSION
 
 
 def test_fresh_db_is_migrated_and_wal(tmp_path: Path) -> None:
@@ -62,20 +87,19 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         Store(path)
 
 
-def test_deployments_round_trip_and_delete(tmp_path: Path) -> None:
-    path = str(tmp_path / "state.db")
-    with Store(path) as s:
+def test_deployments_round_trip_and_delete(opener: Opener) -> None:
+    with opener() as s:
         s.put_deployment(dep("a"))
         s.put_deployment(dep("b"))
         s.put_deployment(dep("a", replicas=5))
-    with Store(path) as s:
+    with opener() as s:
         got = s.deployments()
         assert got == {"a": dep("a", replicas=5), "b": dep("b")}
         assert s.delete_deployment("b") and not s.delete_deployment("b")
         assert list(s.deployments()) == ["a"]
 
 
-def test_replicas_events_and_floor_round_trip(tmp_path: Path) -> None:
+def test_replicas_events_and_floor_round_trip(opener: Opener) -> None:
     c = cluster(
         node("n1", fabrics=["ib"], labels={"rack": "r1"}),
         node("n2", fabrics=["ib"], labels={"rack": "r1"}),
@@ -87,12 +111,11 @@ def test_replicas_events_and_floor_round_trip(tmp_path: Path) -> None:
     rep = {m.node_id: [EngineReport("d-0", r.generation, EngineState.EXITED, log_tail=("x",))]
            for m in r.members}
     res2 = reconcile({"d": d}, res.replicas, c, rep, 11.0, generation_floor=res.generation_floor)
-    path = str(tmp_path / "state.db")
     evs = [StoredEvent(11.0, e.deployment, e.replica, e.text) for e in res.events + res2.events]
-    with Store(path) as s:
+    with opener() as s:
         s.save_replicas(res.replicas, generation_floor=res.generation_floor)
         s.save_replicas(res2.replicas, events=evs, generation_floor=res2.generation_floor)
-    with Store(path) as s:
+    with opener() as s:
         assert s.replicas() == res2.replicas
         assert s.generation_floor() == res2.generation_floor
         got = s.events(deployment="d")
@@ -103,15 +126,14 @@ def test_replicas_events_and_floor_round_trip(tmp_path: Path) -> None:
         assert s.replicas() == {}
 
 
-def test_nodes_round_trip_keeps_cordon(tmp_path: Path) -> None:
+def test_nodes_round_trip_keeps_cordon(opener: Opener) -> None:
     v = node("n1", fabrics=[("ib", FabricState.DEGRADED)], holds=["org/m"], labels={"a": "b"})
-    path = str(tmp_path / "state.db")
-    with Store(path) as s:
+    with opener() as s:
         assert not s.set_cordoned("n1", True)  # unknown
         s.put_node(v.info, v.inventory, 5.0)
         assert s.set_cordoned("n1", True, draining=True)
         s.put_node(v.info, v.inventory, 6.0)  # a later hello keeps the flags
-    with Store(path) as s:
+    with opener() as s:
         n = s.nodes()["n1"]
         assert n.info == v.info and n.inventory == v.inventory
         assert n.cordoned and n.draining and n.last_seen == 6.0
@@ -120,8 +142,8 @@ def test_nodes_round_trip_keeps_cordon(tmp_path: Path) -> None:
         assert s.delete_node("n1") and s.nodes() == {}
 
 
-def test_trim_events(tmp_path: Path) -> None:
-    with Store(str(tmp_path / "s.db")) as s:
+def test_trim_events(opener: Opener) -> None:
+    with opener() as s:
         s.add_events(StoredEvent(float(i), "d", "d-0", f"e{i}") for i in range(10))
         s.trim_events(keep=3)
         assert [e.text for e in s.events(limit=100)] == ["e7", "e8", "e9"]
@@ -130,3 +152,22 @@ def test_trim_events(tmp_path: Path) -> None:
 def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         Store(str(tmp_path / "missing" / "dir" / "state.db"))
+
+
+def test_state_id_is_made_once_and_kept(opener: Opener) -> None:
+    with opener() as s:
+        first = s.state_id()
+        assert len(first) == 32 and s.state_id() == first
+    with opener() as s, opener() as t:
+        assert s.state_id() == t.state_id() == first
+
+
+def test_replica_rows_are_replaced_not_duplicated(opener: Opener) -> None:
+    c = cluster(node("n1", fabrics=["ib"], labels={"rack": "r1"}))
+    res = reconcile({"d": dep(replicas=1)}, {}, c, {}, 10.0)
+    moved = {rid: r for rid, r in res.replicas.items()}
+    with opener() as s:
+        s.save_replicas(res.replicas)
+        s.save_replicas(moved)
+        s.save_replicas(res.replicas)  # unchanged rows: nothing rewritten, nothing lost
+        assert s.replicas() == res.replicas

@@ -50,6 +50,7 @@ def _check(path: str, cfg: ServerConfig) -> None:
             "mass_loss_share",
             f"{cfg.mass_loss_share:g} must be greater than 0 and at most 1 (a share of nodes)",
         )
+    check_store(path, cfg)
     if cfg.max_message_size < 1024:
         raise ConfigError(
             path, "max_message_size", f"{cfg.max_message_size} is too small (at least 1024 bytes)"
@@ -78,3 +79,49 @@ def check_keys_dir(path: str, key: str, keys_dir: str) -> None:
         ) from None
     if not os.path.isdir(os.path.join(keys_dir, AUTHORIZED)):
         raise ConfigError(path, key, f"{keys_dir!r} has no {AUTHORIZED}/ folder; {hint}")
+
+
+def check_store(path: str, cfg: ServerConfig) -> None:
+    """PostgreSQL settings: a postgresql:// url, and a password never only in a file that
+    others can read."""
+    st = cfg.store
+    if not st.url:
+        if st.password_file or st.password_env:
+            raise ConfigError(path, "store.url", "is empty, but a password is given: set the "
+                              "postgresql:// url, or drop the password for SQLite")
+        return
+    if not st.url.startswith(("postgresql://", "postgres://")):
+        # Not echoed: it may hold a password.
+        raise ConfigError(path, "store.url", "does not start with postgresql://")
+    if st.lease < 2.0:
+        raise ConfigError(path, "store.lease", f"{st.lease:g}s is too short (at least 2s)")
+    if st.password_file and st.password_env:
+        raise ConfigError(path, "store.password_file", "give password_file or password_env, not both")
+    if _url_has_password(st.url) and _readable_by_others(path):
+        raise ConfigError(path, "store.url", "holds a password, and this file is readable by other "
+                          f"users; chmod 600 {path}, or move the password to store.password_file")
+    if st.password_file:
+        if not os.path.isfile(st.password_file):
+            raise ConfigError(path, "store.password_file", f"{st.password_file!r} does not exist")
+        if _readable_by_others(st.password_file):
+            raise ConfigError(path, "store.password_file",
+                              f"{st.password_file!r} is readable by other users; chmod 600 it")
+    if st.password_env and not os.environ.get(st.password_env):
+        raise ConfigError(path, "store.password_env", f"${st.password_env} is not set")
+    if not cfg.advertise and cfg.bind.split("//", 1)[-1].rsplit(":", 1)[0] in ("0.0.0.0", "*", "[::]"):
+        raise ConfigError(path, "advertise", f"is needed with PostgreSQL when bind is {cfg.bind!r}: "
+                          "the address agents reach this server at (standbys name the leader by it)")
+    if cfg.advertise:
+        check_tcp_address(path, "advertise", cfg.advertise)
+
+
+def _url_has_password(url: str) -> bool:
+    creds = url.split("//", 1)[-1].split("@", 1)
+    return len(creds) == 2 and ":" in creds[0] or "password=" in url
+
+
+def _readable_by_others(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & 0o004)
+    except OSError:
+        return False

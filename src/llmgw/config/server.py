@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from attrs import frozen
+from attrs import field, frozen
 
 from llmgw.config.duration import Duration
+
+
+@frozen
+class StoreConfig:
+    """Where the state lives. No url: SQLite in state_dir (one server). A postgresql://
+    url: PostgreSQL, shared by any number of servers, one of them the leader."""
+
+    url: str = ""  # postgresql://user@host:5432/db; a password here only in a 0600 file
+    password_file: str = ""  # holds the database password (not readable by others)
+    password_env: str = ""  # or: the environment variable that holds it
+    lease: Duration = 10.0  # a leader silent this long loses the lead to a standby
+    connect_timeout: Duration = 5.0
 
 
 @frozen
@@ -26,4 +38,8 @@ class ServerConfig:
     # Empty: no token (loopback only). Else requests carry `Authorization: Bearer TOKEN`
     # (or `?token=TOKEN` for the page in a browser).
     metrics_token: str = ""
+    # The address agents, routers and ctl reach this server at, as they write it in their
+    # lists: standbys name the leader by it. "" = bind, when bind names a host.
+    advertise: str = ""
+    store: StoreConfig = field(factory=StoreConfig)
     source: str = ""

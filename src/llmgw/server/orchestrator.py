@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +36,8 @@ from llmgw.server.status import (
     replica_rows,
     status_view,
 )
-from llmgw.server.store import Store, StoredEvent
+from llmgw.server.store import StateStore, StoredEvent
+from llmgw.server.store import open_store as open_store
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 from llmgw.transport.requests import (
     MAX_LOG_LINES,
@@ -63,7 +63,7 @@ LOGS_TIMEOUT = 5.0  # seconds to wait for a node to send an engine's log tail
 
 
 class Orchestrator:
-    def __init__(self, cp: ControlPlane, store: Store, config: ServerConfig, now: float) -> None:
+    def __init__(self, cp: ControlPlane, store: StateStore, config: ServerConfig, now: float) -> None:
         self.cp = cp
         self.store = store
         self.config = config
@@ -438,8 +438,3 @@ class Orchestrator:
         notes += self.rebuild_notes
         return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
                 "notes": notes}
-
-
-def open_store(config: ServerConfig) -> Store:
-    os.makedirs(config.state_dir, exist_ok=True)
-    return Store(os.path.join(config.state_dir, "state.db"))

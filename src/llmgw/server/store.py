@@ -1,21 +1,29 @@
-"""The server's durable state: SQLite in WAL mode with synchronous=FULL.
+"""The server's durable state, behind one interface with two engines.
 
 Deployments, replicas (assignments with generations), nodes (info, last inventory,
 cordon/drain flags), an event log, and a small meta table (the generation floor).
 A method that returns has committed: what ctl was told succeeded survives a SIGKILL.
 
+`SqlStore` holds every query, written once in the SQL both engines speak (`?`
+placeholders, `ON CONFLICT ... DO UPDATE`); an engine supplies transactions and reads:
+`Store` here is SQLite in WAL mode with synchronous=FULL (the embedded default, one
+server), store_pg.PgStore is PostgreSQL (several servers, one leader, every write fenced
+by the leader's epoch). `open_store` picks one from the server's configuration.
+
 The API is synchronous; the trio service calls it through `trio.to_thread.run_sync`,
-one call at a time (a lock guards the connection all the same).
+one call at a time (a lock guards the connection all the same). A PostgreSQL round trip
+on a local network costs well under a millisecond, so this is no worse than SQLite's fsync.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from attrs import frozen
 from cattrs.preconf.json import make_converter
@@ -23,36 +31,23 @@ from cattrs.preconf.json import make_converter
 from llmgw.errors import LlmgwError
 from llmgw.model.deployment import Deployment, Replica
 from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.server import migrations
+from llmgw.server.migrations import SCHEMA_VERSION as SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from llmgw.config.server import ServerConfig
 
 T = TypeVar("T")
-
-SCHEMA_VERSION = 1
-
-# Migration N takes a database at version N-1 to version N.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "CREATE TABLE deployments (name TEXT PRIMARY KEY, spec TEXT NOT NULL,"
-        " updated REAL NOT NULL DEFAULT 0)",
-        "CREATE TABLE replicas (id TEXT PRIMARY KEY, deployment TEXT NOT NULL,"
-        " generation INTEGER NOT NULL, data TEXT NOT NULL)",
-        "CREATE INDEX replicas_by_deployment ON replicas (deployment)",
-        "CREATE TABLE nodes (id TEXT PRIMARY KEY, info TEXT NOT NULL, inventory TEXT NOT NULL,"
-        " cordoned INTEGER NOT NULL DEFAULT 0, draining INTEGER NOT NULL DEFAULT 0,"
-        " last_seen REAL NOT NULL DEFAULT 0)",
-        "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,"
-        " deployment TEXT NOT NULL DEFAULT '', replica TEXT NOT NULL DEFAULT '',"
-        " text TEXT NOT NULL)",
-        "CREATE INDEX events_by_deployment ON events (deployment, id)",
-        "CREATE INDEX events_by_replica ON events (replica, id)",
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    ),
-}
-
 
 class StoreError(LlmgwError):
     """The state database cannot be opened, read or migrated."""
 
     exit_code = 2
+
+
+class FencedError(StoreError):
+    """A write was refused because this server's leader epoch is no longer current: another
+    server leads now (or the lease ran out). The writer must step down."""
 
 
 @frozen
@@ -88,96 +83,74 @@ def _load(text: str, cls: type[T]) -> T:
     return _conv.structure(json.loads(text), cls)
 
 
-class Store:
-    def __init__(self, path: str) -> None:
-        """Open (creating if need be) and migrate the database at `path`."""
-        self.path = path
-        self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: cannot open the state database: {exc}") from None
+class Tx(Protocol):
+    """One open transaction, in the SQL both engines speak (`?` placeholders)."""
 
-    # ------------------------------------------------------------ plumbing
+    def run(self, sql: str, args: Sequence[Any] = ()) -> int: ...  # rows affected
+    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+    def many(self, sql: str, seq: Sequence[Sequence[Any]]) -> None: ...
+
+
+class StateStore(Protocol):
+    """What the orchestrator needs of durable state; both engines provide it."""
+
+    def close(self) -> None: ...
+    def schema_version(self) -> int: ...
+    def put_deployment(self, d: Deployment, now: float = 0.0) -> None: ...
+    def delete_deployment(self, name: str) -> bool: ...
+    def deployments(self) -> dict[str, Deployment]: ...
+    def replicas(self) -> dict[str, Replica]: ...
+    def save_replicas(self, replicas: Mapping[str, Replica], *, events: Iterable[StoredEvent] = (),
+                      generation_floor: int | None = None) -> None: ...
+    def state_id(self) -> str: ...
+    def generation_floor(self) -> int: ...
+    def put_node(self, info: NodeInfo, inventory: Inventory, last_seen: float) -> None: ...
+    def put_nodes(self, nodes: Iterable[tuple[NodeInfo, Inventory, float]]) -> None: ...
+    def set_cordoned(self, node_id: str, cordoned: bool, *, draining: bool = False) -> bool: ...
+    def delete_node(self, node_id: str) -> bool: ...
+    def nodes(self) -> dict[str, StoredNode]: ...
+    def add_events(self, events: Iterable[StoredEvent]) -> None: ...
+    def events(self, *, deployment: str | None = None, replica: str | None = None,
+               limit: int = 100) -> list[StoredEvent]: ...
+    def trim_events(self, keep: int = 100_000) -> None: ...
+
+
+class SqlStore:
+    """Every query of the state, once; an engine subclass supplies `_tx` and `_read`."""
+
+    where = ""  # names the database in errors
+
+    def _tx(self, fn: Callable[[Tx], T]) -> T:
+        raise NotImplementedError
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        raise NotImplementedError
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> SqlStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run fn inside one committed transaction."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    out = fn(self._db)
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-                return out
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: {exc}") from None
-
-    def _read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
-                return self._db.execute(sql, tuple(args)).fetchall()
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.path}: {exc}") from None
-
     def schema_version(self) -> int:
         rows = self._read("SELECT version FROM schema_version")
         return int(rows[0][0]) if rows else 0
-
-    def _migrate(self) -> None:
-        db = self._db
-        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = db.execute("SELECT version FROM schema_version").fetchone()
-        version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: schema version {version} is newer than this llmgw "
-                f"understands ({SCHEMA_VERSION}); upgrade llmgw"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in _MIGRATIONS[target]:
-                    db.execute(stmt)
-                db.execute("DELETE FROM schema_version")
-                db.execute("INSERT INTO schema_version (version) VALUES (?)", (target,))
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
 
     # ------------------------------------------------------------ deployments
 
     def put_deployment(self, d: Deployment, now: float = 0.0) -> None:
         spec = _dump(d, Deployment)
-        self._tx(
-            lambda db: db.execute(
-                "INSERT INTO deployments (name, spec, updated) VALUES (?, ?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, updated = excluded.updated",
-                (d.name, spec, now),
-            )
-        )
+        self._tx(lambda tx: tx.run(
+            "INSERT INTO deployments (name, spec, updated) VALUES (?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, updated = excluded.updated",
+            (d.name, spec, now)))
 
     def delete_deployment(self, name: str) -> bool:
         """Forget a deployment (its replicas go when reconcile says so). True if it existed."""
-        cur = self._tx(lambda db: db.execute("DELETE FROM deployments WHERE name = ?", (name,)))
-        return cur.rowcount > 0
+        return self._tx(lambda tx: tx.run("DELETE FROM deployments WHERE name = ?", (name,))) > 0
 
     def deployments(self) -> dict[str, Deployment]:
         rows = self._read("SELECT name, spec FROM deployments ORDER BY name")
@@ -198,22 +171,24 @@ class Store:
     ) -> None:
         """Make the stored replicas exactly `replicas`, with events and floor, atomically."""
         evs = list(events)
+        dumped = {rid: _dump(r, Replica) for rid, r in replicas.items()}
 
-        def run(db: sqlite3.Connection) -> None:
-            have = {row[0]: row[1] for row in db.execute("SELECT id, data FROM replicas")}
-            for rid in have.keys() - replicas.keys():
-                db.execute("DELETE FROM replicas WHERE id = ?", (rid,))
-            for rid, r in replicas.items():
-                data = _dump(r, Replica)
-                if have.get(rid) != data:
-                    db.execute(
-                        "INSERT OR REPLACE INTO replicas (id, deployment, generation, data) "
-                        "VALUES (?, ?, ?, ?)",
-                        (rid, r.deployment, r.generation, data),
-                    )
-            _insert_events(db, evs)
+        def run(tx: Tx) -> None:
+            have = dict(tx.rows("SELECT id, data FROM replicas"))
+            gone = [(rid,) for rid in have.keys() - replicas.keys()]
+            if gone:
+                tx.many("DELETE FROM replicas WHERE id = ?", gone)
+            changed = [(rid, r.deployment, r.generation, dumped[rid])
+                       for rid, r in replicas.items() if have.get(rid) != dumped[rid]]
+            if changed:
+                tx.many(
+                    "INSERT INTO replicas (id, deployment, generation, data) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET deployment = excluded.deployment, "
+                    "generation = excluded.generation, data = excluded.data",
+                    changed)
+            _insert_events(tx, evs)
             if generation_floor is not None:
-                _set_meta(db, "generation_floor", str(generation_floor))
+                _set_meta(tx, "generation_floor", str(generation_floor))
 
         self._tx(run)
 
@@ -224,8 +199,14 @@ class Store:
         if rows:
             return str(rows[0][0])
         new = uuid.uuid4().hex
-        self._tx(lambda db: _set_meta(db, "state_id", new))
-        return new
+
+        def run(tx: Tx) -> str:
+            # Two servers meeting a fresh database: the first id written is the one.
+            tx.run("INSERT INTO meta (key, value) VALUES ('state_id', ?) ON CONFLICT(key) DO NOTHING",
+                   (new,))
+            return str(tx.rows("SELECT value FROM meta WHERE key = 'state_id'")[0][0])
+
+        return self._tx(run)
 
     def generation_floor(self) -> int:
         rows = self._read("SELECT value FROM meta WHERE key = 'generation_floor'")
@@ -242,28 +223,22 @@ class Store:
         server restart must not cost ten thousand fsyncs."""
         rows = [(info.node_id, _dump(info, NodeInfo), _dump(inv, Inventory), seen)
                 for info, inv, seen in nodes]
-        self._tx(
-            lambda db: db.executemany(
-                "INSERT INTO nodes (id, info, inventory, last_seen) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET info = excluded.info, "
-                "inventory = excluded.inventory, last_seen = excluded.last_seen",
-                rows,
-            )
-        )
+        if not rows:
+            return
+        self._tx(lambda tx: tx.many(
+            "INSERT INTO nodes (id, info, inventory, last_seen) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET info = excluded.info, "
+            "inventory = excluded.inventory, last_seen = excluded.last_seen",
+            rows))
 
     def set_cordoned(self, node_id: str, cordoned: bool, *, draining: bool = False) -> bool:
         """Cordon (optionally draining) or uncordon a node. False if the node is unknown."""
-        cur = self._tx(
-            lambda db: db.execute(
-                "UPDATE nodes SET cordoned = ?, draining = ? WHERE id = ?",
-                (int(cordoned or draining), int(draining), node_id),
-            )
-        )
-        return cur.rowcount > 0
+        return self._tx(lambda tx: tx.run(
+            "UPDATE nodes SET cordoned = ?, draining = ? WHERE id = ?",
+            (int(cordoned or draining), int(draining), node_id))) > 0
 
     def delete_node(self, node_id: str) -> bool:
-        cur = self._tx(lambda db: db.execute("DELETE FROM nodes WHERE id = ?", (node_id,)))
-        return cur.rowcount > 0
+        return self._tx(lambda tx: tx.run("DELETE FROM nodes WHERE id = ?", (node_id,))) > 0
 
     def nodes(self) -> dict[str, StoredNode]:
         rows = self._read(
@@ -284,7 +259,8 @@ class Store:
 
     def add_events(self, events: Iterable[StoredEvent]) -> None:
         evs = list(events)
-        self._tx(lambda db: _insert_events(db, evs))
+        if evs:
+            self._tx(lambda tx: _insert_events(tx, evs))
 
     def events(
         self, *, deployment: str | None = None, replica: str | None = None, limit: int = 100
@@ -302,22 +278,114 @@ class Store:
         return [StoredEvent(float(ts), d, r, t) for ts, d, r, t in reversed(rows)]
 
     def trim_events(self, keep: int = 100_000) -> None:
-        self._tx(
-            lambda db: db.execute(
-                "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (keep,)
-            )
+        self._tx(lambda tx: tx.run(
+            "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (keep,)))
+
+
+class _SqliteTx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        return self.db.execute(sql, tuple(args)).rowcount
+
+    def rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.db.execute(sql, tuple(args)).fetchall()
+
+    def many(self, sql: str, seq: Sequence[Sequence[Any]]) -> None:
+        self.db.executemany(sql, seq)
+
+
+class Store(SqlStore):
+    """SQLite: the embedded engine, one server."""
+
+    def __init__(self, path: str) -> None:
+        """Open (creating if need be) and migrate the database at `path`."""
+        self.path = self.where = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{path}: cannot open the state database: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, fn: Callable[[Tx], T]) -> T:
+        """Run fn inside one committed transaction."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    out = fn(_SqliteTx(self._db))
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                return out
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, tuple(args)).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from None
+
+    def _migrate(self) -> None:
+        db = self._db
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = db.execute("SELECT version FROM schema_version").fetchone()
+        try:
+            todo = migrations.steps(migrations.SQLITE, int(row[0]) if row else 0)
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+        for target, stmts in todo:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in stmts:
+                    db.execute(stmt)
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (target,))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+
+SqliteStore = Store
+
+
+def open_store(config: ServerConfig) -> SqlStore:
+    """The store the configuration names: PostgreSQL when `[store] url` is set, else
+    SQLite in `state_dir`. Opening migrates."""
+    if config.store.url:
+        try:
+            from llmgw.server.store_pg import PgStore
+        except ImportError:
+            raise StoreError("store.url names PostgreSQL, but psycopg is not installed: "
+                             "pip install 'llmgw[postgres]'") from None
+        return PgStore.from_config(config.store)
+    os.makedirs(config.state_dir, exist_ok=True)
+    return Store(os.path.join(config.state_dir, "state.db"))
+
+
+def _insert_events(tx: Tx, events: list[StoredEvent]) -> None:
+    if events:
+        tx.many(
+            "INSERT INTO events (ts, deployment, replica, text) VALUES (?, ?, ?, ?)",
+            [(e.ts, e.deployment, e.replica, e.text) for e in events],
         )
 
 
-def _insert_events(db: sqlite3.Connection, events: list[StoredEvent]) -> None:
-    db.executemany(
-        "INSERT INTO events (ts, deployment, replica, text) VALUES (?, ?, ?, ?)",
-        [(e.ts, e.deployment, e.replica, e.text) for e in events],
-    )
-
-
-def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
-    db.execute(
+def _set_meta(tx: Tx, key: str, value: str) -> None:
+    tx.run(
         "INSERT INTO meta (key, value) VALUES (?, ?) "
         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
         (key, value),
