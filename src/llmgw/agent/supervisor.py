@@ -78,6 +78,11 @@ class Supervisor:
         self._exited: dict[str, EngineReport] = {}
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
+        # For the metrics: engines spawned, those of them that ran here before (restarts),
+        # and each health probe's duration and answer.
+        self.starts_total = 0
+        self.restarts_total = 0
+        self.on_probe: Callable[[float, bool], None] = lambda seconds, ok: None
 
     # ---- public API ----
 
@@ -222,6 +227,8 @@ class Supervisor:
                                           endpoint=self._endpoint(spec, plan.health_checked),
                                           pid=pid, restarts=restarts))
         self._engines[rid] = eng
+        self.starts_total += 1
+        self.restarts_total += prev is not None
         self._event(eng, EngineEvent.STARTED, f"started (pid {pid})")
         nursery.start_soon(self._run, eng)
 
@@ -367,7 +374,10 @@ class Supervisor:
         async def probe() -> bool:
             nonlocal answered
             timeout = min(5.0, max(0.5, self._sup.health_interval))
-            if not await http_health(host, port, timeout=timeout):
+            began = trio.current_time()
+            ok = await http_health(host, port, timeout=timeout)
+            self.on_probe(trio.current_time() - began, ok)
+            if not ok:
                 return False
             # A 200 counts only from the engine's own session: on the way to ready, and
             # every OWNER_CHECK_EVERY answers after that.
