@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,7 +20,10 @@ from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError
 from llmgw.logbound import Throttle, clip
 from llmgw.server.control import ControlPlane, Outgoing
+from llmgw.server.metrics import ServerMetrics
 from llmgw.server.orchestrator import Orchestrator, open_store
+from llmgw.server.store import StateStore
+from llmgw.server.web import serve_server_http
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
 from llmgw.transport.messages import Reply
@@ -39,6 +43,7 @@ class ServerTransport:
     def __init__(self, sock: TrioSocket) -> None:
         self.sock = sock
         self.dropped_sends = 0
+        self.sent: Counter[str] = Counter()  # by kind, for the metrics
         self.throttle = Throttle()
 
     async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
@@ -62,6 +67,7 @@ class ServerTransport:
 
     def send_all(self, out: list[Outgoing]) -> None:
         for routing_id, msg in out:
+            self.sent[codec.kind_of(msg)] += 1
             if not self.sock.try_send_multipart([routing_id, codec.encode(msg)]):
                 self.dropped_sends += 1
                 log.debug("dropped a message to a peer that is gone or full")
@@ -123,8 +129,10 @@ async def serve_server(
     config: ServerConfig,
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    store: StateStore | None = None,
 ) -> None:
-    """Run the control plane until cancelled. `task_status.started` gets the bound address."""
+    """Run the control plane until cancelled. `task_status.started` gets the bound address.
+    `store`: one already open (ha.py's, fenced by its lease), which the caller closes."""
     keys_dir = Path(config.keys_dir)
     pair = load_pair(str(keys_dir / "server.key_secret"))
     watcher = KeyWatcher(keys_dir / "authorized")
@@ -135,8 +143,12 @@ async def serve_server(
     def clock() -> float:
         return trio.current_time() + cp.clock_offset
 
-    store = await trio.to_thread.run_sync(open_store, config)
-    orchestrator = Orchestrator(cp, store, config, clock())
+    owned = store is None
+    if store is None:
+        store = await trio.to_thread.run_sync(open_store, config)
+    metrics = ServerMetrics()
+    orchestrator = Orchestrator(cp, metrics.timed(store), config, clock())
+    metrics.watch(orchestrator)
 
     ctx = zmq.Context()
     transport: ServerTransport | None = None
@@ -144,7 +156,8 @@ async def serve_server(
         async with trio.open_nursery() as nursery:
             # The ZAP handler must answer before the ROUTER binds: without one, libzmq
             # lets every CURVE client in.
-            await nursery.start(serve_zap, ctx, watcher.lookup)
+            await nursery.start(functools.partial(serve_zap, on_denied=metrics.zap_denied), ctx,
+                                watcher.lookup)
             sock = ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_size)
@@ -164,9 +177,12 @@ async def serve_server(
                 raise LlmgwError(f"cannot bind {config.bind}: {exc}") from None
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             transport = t = ServerTransport(TrioSocket(sock))
+            metrics.sent, metrics.send_dropped = (lambda: t.sent), (lambda: t.dropped_sends)
             await nursery.start(orchestrator.serve, t.send_all, clock)
             watcher.on_change = functools.partial(_apply_keys, cp, watcher, t.send_all)
             nursery.start_soon(_sighup, watcher)
+            if config.metrics_bind:
+                await nursery.start(serve_server_http, config, orchestrator, metrics, clock)
             log.info("server listening on %s (CURVE, %d keys authorized)", bound, len(watcher.keys))
             task_status.started(bound)
 
@@ -179,7 +195,8 @@ async def serve_server(
         if transport is not None:
             transport.sock.close()
         ctx.term()
-        store.close()
+        if owned:
+            store.close()
 
 
 class Transport(Protocol):
