@@ -17,7 +17,10 @@ import zmq
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.agent.discovery.discover import discover, inventory_changed
+from llmgw.agent.discovery.gpus import load_nvml
+from llmgw.agent.gpu_usage import GpuSampler
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
+from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.supervisor import Supervisor
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineReport
@@ -62,6 +65,14 @@ class Agent:
         self.supervisor = Supervisor(config, self._on_report, python=python,
                                      on_unavailable=lambda: self._rediscover.set())
         self._engines_stopped = False
+        disc = config.discovery
+        # NVML for the per-GPU metrics only where discovery would use it too.
+        sampler = GpuSampler(None if disc.skip_gpus or not disc.prefer_nvml else (nvml or load_nvml()))
+        self.metrics = AgentMetrics(
+            config.node_id, self.supervisor.reports,
+            lambda: (self.supervisor.starts_total, self.supervisor.restarts_total),
+            lambda: self.inventory, sampler)
+        self.supervisor.on_probe = self.metrics.probed
 
     def _post(self, msg: Message) -> None:
         # While disconnected nothing is lost by dropping: the next Hello carries it all.
@@ -106,9 +117,9 @@ class Agent:
                 await self._rediscover.wait()
             self._rediscover = trio.Event()
             try:
-                new = await discover(self.config, nvml=self.nvml, logged=self._logged,
-                                     python=self.python)
+                new = await self._discover()
             except Exception:
+                self.metrics.discovery_failures += 1
                 log.exception("discovery failed; keeping the last inventory")
                 continue
             if inventory_changed(self.inventory, new):
@@ -117,10 +128,13 @@ class Agent:
                 self.inventory = new
                 self._post(InventoryChanged(new))
 
+    async def _discover(self) -> Inventory:
+        with self.metrics.discovery.time():
+            return await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A configuration that contradicts the node (a missing HCA) stops us here.
-        self.inventory = await discover(self.config, nvml=self.nvml, logged=self._logged,
-                                        python=self.python)
+        self.inventory = await self._discover()
         log.info(
             "node %s: %d GPUs (%s), fabrics: %s, storage: %s, engines: %s",
             self.config.node_id, len(self.inventory.gpus), self.inventory.gpu_source,
@@ -134,6 +148,8 @@ class Agent:
         ctx: zmq.Context[Any] = zmq.Context()
         try:
             async with trio.open_nursery() as nursery:
+                if self.config.metrics_bind:
+                    await nursery.start(self.metrics.serve, self.config.metrics_bind)
                 await nursery.start(self.supervisor.serve)
 
                 @asynccontextmanager
@@ -155,3 +171,4 @@ class Agent:
                 task_status.started()
         finally:
             ctx.destroy(linger=0)
+            self.metrics.sampler.close()
