@@ -411,7 +411,7 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
         _say(describe_setup(agent, opts))
 
         async def table(since: int) -> Mapping[str, Any] | None:
-            result = await request(router_cfg.server, router_cfg.keys.secret_key,
+            result = await request(router_cfg.server[0], router_cfg.keys.secret_key,
                                    router_cfg.keys.server_key, EndpointsOp(since), 2.0)
             return result if isinstance(result, Mapping) else None
 

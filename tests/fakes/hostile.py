@@ -45,7 +45,7 @@ from llmgw.transport.messages import (
 
 AGENT_KINDS = ("hello", "heartbeat", "inventory_changed", "engine_changed", "logs_reply")
 SERVER_ONLY_KINDS = ("welcome", "desired_set", "heartbeat_ack", "refused", "hello_first",
-                     "rediscover", "logs_request", "reply")
+                     "rediscover", "logs_request", "reply", "not_leader")
 
 # ---- the raw peer ----
 

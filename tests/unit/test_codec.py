@@ -54,6 +54,7 @@ SAMPLES: list[messages.Message] = [
     messages.DesiredSet(4, (SPEC,)),
     messages.Rediscover(),
     messages.LogsRequest("q", "d-0", 50),
+    messages.NotLeader("tcp://10.0.0.2:7443", "r1"),
     *(messages.Request(1, "q", op) for op in OPS),
     messages.Reply("q", True, {"nodes": []}),
 ]

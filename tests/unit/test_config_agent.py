@@ -44,7 +44,7 @@ def write(tmp_path: Path, keys: Path, *edits: tuple[str, str]) -> str:
 def test_shipped_config_loads(tmp_path: Path, keys: Path) -> None:
     cfg = load_agent_config(write(tmp_path, keys))
     assert cfg.node_id == "gpu-a-01"
-    assert cfg.server == "tcp://llmgw-server.internal:7443"
+    assert cfg.server == ("tcp://llmgw-server.internal:7443",)
     assert cfg.keys.secret_key == str(keys / "gpu-a-01.key_secret")
     assert cfg.mgmt_addr == "10.0.0.11"
     assert cfg.mgmt_interface == "eth0"
@@ -414,3 +414,16 @@ def test_several_errors_are_counted(tmp_path: Path, keys: Path) -> None:
 def test_config_shape_is_frozen_attrs() -> None:
     assert attrs.has(AgentConfig)
     assert AgentConfig.__attrs_attrs__  # type: ignore[attr-defined]
+
+
+def test_server_may_be_a_list(tmp_path: Path, keys: Path) -> None:
+    path = write(tmp_path, keys)
+    text = Path(path).read_text()
+    line = next(x for x in text.splitlines() if x.startswith("server:"))
+    Path(path).write_text(text.replace(line, 'server: ["tcp://a:7443", "tcp://b:7443"]'))
+    assert load_agent_config(path).server == ("tcp://a:7443", "tcp://b:7443")
+    for bad, why in [("[]", "non-empty list"), ('["tcp://a:1", "tcp://a:1"]', "twice"),
+                     ('["tcp://a:1", "http://b:1"]', "HTTP address")]:
+        Path(path).write_text(text.replace(line, f"server: {bad}"))
+        with pytest.raises(ConfigError, match=why):
+            load_agent_config(path)

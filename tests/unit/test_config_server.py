@@ -160,7 +160,7 @@ def test_server_file_missing(tmp_path: Path) -> None:
 def test_shipped_router_config_loads(tmp_path: Path, keys: Path) -> None:
     cfg = load_router_config(router(tmp_path, keys))
     assert cfg.bind == "127.0.0.1:8080"
-    assert cfg.server == "tcp://llmgw-server.internal:7443"
+    assert cfg.server == ("tcp://llmgw-server.internal:7443",)
     assert cfg.keys.secret_key == f"{keys}/router-1.key_secret"
     assert cfg.keys.server_key == f"{keys}/server.key"
     assert cfg.api_keys_file == ""

@@ -28,6 +28,7 @@ from llmgw.transport.messages import (
     LogsReply,
     LogsRequest,
     Message,
+    NotLeader,
     Rediscover,
     Refused,
     Welcome,
@@ -53,6 +54,9 @@ class LinkHooks:
     on_rediscover: Callable[[], None] = lambda: None
     logs: Callable[[str, int], tuple[str, ...]] = lambda replica, n: ()
     on_connected: Callable[[], None] = lambda: None
+    # A standby answered: the leader's address ("" while none is known). The connector
+    # picks where to go next (llmgw.transport.follow.Follower).
+    on_not_leader: Callable[[str], None] = lambda leader: None
 
 
 class _Lost(Exception):
@@ -113,8 +117,15 @@ async def _handshake(conn: Connection, hooks: LinkHooks, settings: LinkSettings)
             if isinstance(msg, Welcome):
                 log.info("connected to the server as %s", msg.node_id)
                 return
+            if isinstance(msg, NotLeader):
+                _not_leader(hooks, msg)
             log.debug("ignored %s before Welcome", codec.kind_of(msg))
     raise _Lost(f"no answer to Hello within {timeout:g}s")
+
+
+def _not_leader(hooks: LinkHooks, msg: NotLeader) -> None:
+    hooks.on_not_leader(msg.leader)
+    raise _Lost(f"that server is a standby; the leader is {msg.leader or 'not known yet'}")
 
 
 def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -180,6 +191,8 @@ class _Session:
             raise RefusedError(f"the server refused this agent: {msg.reason}")
         elif isinstance(msg, HelloFirst):
             raise _Lost(f"the server asked for a new Hello ({msg.reason})")
+        elif isinstance(msg, NotLeader):
+            _not_leader(self.hooks, msg)
         elif isinstance(msg, Rediscover):
             self.hooks.on_rediscover()
         elif isinstance(msg, LogsRequest):

@@ -26,6 +26,7 @@ from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.transport import dealer
+from llmgw.transport.follow import Follower
 from llmgw.transport.keys import load_pair, load_public
 from llmgw.transport.messages import DesiredSet, EngineChanged, Hello, InventoryChanged, Message
 
@@ -152,17 +153,24 @@ class Agent:
                     await nursery.start(self.metrics.serve, self.config.metrics_bind)
                 await nursery.start(self.supervisor.serve)
 
+                servers = Follower(self.config.server)
+
                 @asynccontextmanager
                 async def connect() -> AsyncIterator[Connection]:
-                    async with dealer.connect(ctx, self.config.server, pair, server_public) as c:
+                    async with dealer.connect(ctx, servers.pick(), pair, server_public) as c:
                         yield c
+
+                def connected() -> None:
+                    servers.connected()
+                    self._on_connected()
 
                 hooks = LinkHooks(
                     hello=self.hello,
                     on_desired=self._on_desired,
                     on_rediscover=lambda: self._rediscover.set(),
                     logs=self.supervisor.log_tail,
-                    on_connected=self._on_connected,
+                    on_connected=connected,
+                    on_not_leader=servers.redirected,
                 )
                 settings = LinkSettings(self.config.heartbeat_interval, self.config.reconnect_base,
                                         self.config.reconnect_max)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
+from llmgw.config.addresses import Addresses, to_addresses
 from llmgw.config.duration import Duration
 
 
@@ -76,7 +77,8 @@ class SupervisorConfig:
 @frozen
 class AgentConfig:
     node_id: str
-    server: str  # tcp://host:port
+    # tcp://host:port, or a list of them (several servers: the one that leads answers).
+    server: Addresses = field(converter=to_addresses)
     keys: KeysConfig
     mgmt_addr: str
     mgmt_interface: str = ""

@@ -15,6 +15,7 @@ from typing import Any
 from cattrs import Converter
 from cattrs.gen import make_dict_structure_fn
 
+from llmgw.config import addresses
 from llmgw.config._strict import (
     check_key_file,
     check_tcp_address,
@@ -32,7 +33,7 @@ LAUNCH_MODES = ("ray", "mp")
 
 @cache
 def _converter() -> Converter:
-    conv = make_converter()
+    conv = addresses.register(make_converter())
     inner = make_dict_structure_fn(
         ModelDirConfig, conv, _cattrs_forbid_extra_keys=True, _cattrs_detailed_validation=True
     )
@@ -70,7 +71,8 @@ def load_agent_config(path: str) -> AgentConfig:
 def _check(path: str, cfg: AgentConfig) -> None:
     if not cfg.node_id.strip():
         raise ConfigError(path, "node_id", f"{cfg.node_id!r} is empty; remove the key to use the hostname")
-    check_tcp_address(path, "server", cfg.server)
+    for address in cfg.server:
+        check_tcp_address(path, "server", address)
     check_metrics_bind(path, "metrics_bind", cfg.metrics_bind)
     if not cfg.mgmt_addr.strip():
         raise ConfigError(

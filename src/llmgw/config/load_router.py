@@ -6,6 +6,7 @@ from functools import cache
 
 from cattrs import Converter
 
+from llmgw.config import addresses
 from llmgw.config._strict import (
     check_host_port,
     check_key_file,
@@ -21,7 +22,7 @@ from llmgw.errors import ConfigError
 
 @cache
 def _converter() -> Converter:
-    return make_converter()
+    return addresses.register(make_converter())
 
 
 def load_router_config(path: str) -> RouterConfig:
@@ -34,7 +35,8 @@ def load_router_config(path: str) -> RouterConfig:
 
 def _check(path: str, cfg: RouterConfig) -> None:
     check_host_port(path, "bind", cfg.bind)
-    check_tcp_address(path, "server", cfg.server)
+    for address in cfg.server:
+        check_tcp_address(path, "server", address)
     if cfg.max_body_bytes < 1:
         raise ConfigError(path, "max_body_bytes", f"{cfg.max_body_bytes} must be at least 1")
     if cfg.header_timeout <= 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from attrs import field, frozen
 
+from llmgw.config.addresses import Addresses, to_addresses
 from llmgw.config.duration import Duration
 
 POLICIES = ("least_outstanding", "prefix_affinity")
@@ -28,7 +29,8 @@ class ModelRouteConfig:
 
 @frozen
 class RouterConfig:
-    server: str  # tcp://host:port
+    # tcp://host:port, or a list of them (several servers: the one that leads answers).
+    server: Addresses = field(converter=to_addresses)
     keys: RouterKeysConfig
     bind: str = "127.0.0.1:8080"  # host:port for HTTP
     api_keys_file: str = ""  # "" = no client authentication

@@ -11,7 +11,7 @@ import trio
 from llmgw.config.deployment import load_deployment
 from llmgw.ctl import render
 from llmgw.ctl.settings import resolve
-from llmgw.transport.client import request
+from llmgw.transport.follow import request_leader
 from llmgw.transport.requests import (
     ApplyOp,
     CordonOp,
@@ -28,7 +28,8 @@ from llmgw.transport.requests import (
 
 
 def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
-    p.add_argument("--server", help="tcp://host:port (or LLMGW_SERVER)")
+    p.add_argument("--server", action="append",
+                   help="tcp://host:port, again for each server (or LLMGW_SERVER, comma-separated)")
     p.add_argument("--key", help="this operator's secret key file (or LLMGW_CTL_KEY)")
     p.add_argument("--server-key", help="the server's public key file (or LLMGW_SERVER_KEY)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the server")
@@ -65,8 +66,9 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
 
 
 def call(args: argparse.Namespace, op: Op) -> Any:
-    settings = resolve(args.server, args.key, args.server_key)
-    return trio.run(request, settings.server, settings.key, settings.server_key, op, args.timeout)
+    settings = resolve(",".join(args.server) if args.server else None, args.key, args.server_key)
+    servers = [s.strip() for s in settings.server.split(",") if s.strip()]
+    return trio.run(request_leader, servers, settings.key, settings.server_key, op, args.timeout)
 
 
 def op_of(args: argparse.Namespace) -> Op:

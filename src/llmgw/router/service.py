@@ -31,6 +31,7 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
+from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp
 
 log = logging.getLogger("llmgw.router")
@@ -349,10 +350,12 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
     """The `llmgw router` entry: table from the server's "endpoints" op via `request`
     (llmgw.transport.client.request), then serve until cancelled."""
     timeout = max(2.0, config.table_poll_interval * 2)
+    # Several servers: the table comes from whichever leads; while none answers, the
+    # last table goes on serving (poll_table keeps it).
+    leader = LeaderClient(config.server, request)
 
     async def source(since: int) -> Mapping[str, Any] | None:
-        result = await request(
-            config.server,
+        result = await leader(
             config.keys.secret_key,
             config.keys.server_key,
             EndpointsOp(since),

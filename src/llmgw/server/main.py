@@ -7,4 +7,9 @@ from llmgw.server.service import serve_server
 
 
 async def run_server(config: ServerConfig) -> None:
-    await serve_server(config)
+    if config.store.url:  # PostgreSQL: one of several servers, leader or standby
+        from llmgw.server.ha import serve_replicated
+
+        await serve_replicated(config)
+    else:
+        await serve_server(config)

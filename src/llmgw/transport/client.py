@@ -12,8 +12,9 @@ from llmgw import PROTOCOL_VERSION
 from llmgw.errors import ProtocolError, RequestFailedError, ServerUnreachableError
 from llmgw.transport import codec
 from llmgw.transport.dealer import connect
+from llmgw.transport.follow import NotLeaderError
 from llmgw.transport.keys import load_pair, load_public
-from llmgw.transport.messages import Refused, Reply, Request
+from llmgw.transport.messages import NotLeader, Refused, Reply, Request
 from llmgw.transport.requests import Op
 
 _CTX: zmq.Context[Any] | None = None
@@ -48,6 +49,8 @@ async def request(
                     continue
                 if isinstance(msg, Refused):
                     raise RequestFailedError(f"server refused: {msg.reason}")
+                if isinstance(msg, NotLeader):
+                    raise NotLeaderError(server, msg.leader)
                 if isinstance(msg, Reply) and msg.request_id == req.request_id:
                     if not msg.ok:
                         raise RequestFailedError(msg.error)

@@ -98,6 +98,16 @@ class LogsRequest:
     lines: int = 200
 
 
+@frozen
+class NotLeader:
+    """A standby server's answer to any message (several servers on PostgreSQL): it does
+    not lead. `leader` is the leader's address as the servers advertise it ("" while none
+    is known); `request_id` echoes a request's."""
+
+    leader: str = ""
+    request_id: str = ""
+
+
 # ---- ctl / router -> server, and back ----
 
 
@@ -129,6 +139,7 @@ Message = (
     | DesiredSet
     | Rediscover
     | LogsRequest
+    | NotLeader
     | Request
     | Reply
 )
