@@ -121,12 +121,12 @@ class _Collector:
 
     def describe(self) -> Iterator[Metric]:
         # Descriptions only (no state read): what the registry checks names against.
-        return self._families(None)
+        return self._families(None, live=False)
 
     def collect(self) -> Iterator[Metric]:
-        return self._families(self.m.orchestrator)
+        return self._families(self.m.orchestrator, live=True)
 
-    def _families(self, o: Orchestrator | None) -> Iterator[Metric]:
+    def _families(self, o: Orchestrator | None, live: bool) -> Iterator[Metric]:
         info = GaugeMetricFamily("llmgw_server_info", "Always 1; the llmgw version", labels=["version"])
         info.add_metric([__version__], 1)
         yield info
@@ -182,15 +182,16 @@ class _Collector:
             holding.add_metric([], 1 if o.holding else 0)
             for kind, n in sorted(cp.received.items()):
                 received.add_metric([kind], n)
+            for reason, n in sorted(cp.refusals.items()):
+                refusals.add_metric([reason], n)
+            failures.add_metric([], cp.failed)
+            failed_passes.add_metric([], o.failed_passes)
+        if live:
             for kind, n in sorted(self.m.sent().items()):
                 sent.add_metric([kind], n)
             send_dropped.add_metric([], self.m.send_dropped())
-            for reason, n in sorted(cp.refusals.items()):
-                refusals.add_metric([reason], n)
             for reason, n in sorted(self.m.zap_denials.items()):
                 zap.add_metric([reason], n)
-            failures.add_metric([], cp.failed)
-            failed_passes.add_metric([], o.failed_passes)
             placed.add_metric([], self.m.placed)
         yield from (nodes, cordoned, draining, connected, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed)
