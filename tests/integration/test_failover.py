@@ -87,6 +87,7 @@ def test_leader_sigkill(rig: Rig, tmp_path: Path) -> None:
     killed = time.monotonic()
     new = c.wait_leader(timeout=LEASE + 10, not_=old)
     took = time.monotonic() - killed
+    print(f"failover: the standby led {took:.2f}s after the SIGKILL (lease {LEASE:g}s)")
     assert took < LEASE + 3, f"the standby led {took:.1f}s after the kill"
     c.wait_states({"a1": "ready", "a2": "ready"}, timeout=20)
     assert "late" in {d["name"] for d in rig.get("deployments")}
