@@ -7,7 +7,9 @@ database, agents and ctl that know both, simulated engines.
 - the database restarted under a running leader, down longer than the lease: the leader
   steps down, a leader is elected again from the database's state, no engine restarts;
 - the leader paused (SIGSTOP) past its lease: the standby takes over; woken, the old one
-  steps down and its writes are refused by the epoch check.
+  steps down and its writes are refused by the epoch check;
+- the network between the leader and the database lost: the leader stops acting before
+  its lease can pass to the standby.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fakes.ha import HACluster
 from fakes.live import engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.postgres import PgServer
+from fakes.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
@@ -144,3 +147,45 @@ def _wait_other(c: HACluster, old: int) -> int:
     """A paused server's log still says it leads: the other one's log is what counts."""
     other = 1 - old
     return int(wait_for(lambda: c.leads(other) is not None and [other], LEASE + 10, "the standby leading")[0])
+
+
+def test_leader_cut_off_from_the_database_stops_before_its_lease_passes(
+        tmp_path: Path, pg_server: PgServer, pg_url: str) -> None:
+    """The network between the leader and PostgreSQL loses every packet (a relay that
+    swallows bytes and keeps the connections open, so nothing on the leader's side errors
+    out): the leader must stop acting on its own clock, before the standby can win the
+    lease, and the standby then leads with the agents and engines as they were."""
+    proxy = TcpProxy(("127.0.0.1", pg_server.port))
+    rig = Rig(tmp_path, pg_url)
+    c = rig.c
+    try:
+        # Server 0 reaches the database through the relay, server 1 directly.
+        toml = c.tomls[0]
+        toml.write_text(toml.read_text().replace(f"127.0.0.1:{pg_server.port}/", f"127.0.0.1:{proxy.port}/"))
+        assert rig.up() == 0
+        engines, gens = engine_pids(tmp_path), rig.ready()
+        proxy.drop.set()
+        cut = time.monotonic()
+        order: list[str] = []
+
+        def standby_leads() -> bool:
+            if not order and "stepped down from epoch" in c.servers[0].text():
+                order.append("old leader stepped down")
+            if c.leads(1) is not None:
+                order.append("standby leads")
+                return True
+            return False
+
+        wait_for(standby_leads, LEASE + 15, "the standby leading", interval=0.02)
+        print(f"cut off: the standby led {time.monotonic() - cut:.2f}s after the cut (lease {LEASE:g}s)")
+        assert order == ["old leader stepped down", "standby leads"], (order, c.servers[0].text()[-3000:])
+        c.wait_states({"a1": "ready", "a2": "ready"}, timeout=30)
+        rig.apply("after-cut", 1)
+        wait_for(lambda: len(rig.ready()) == 3, 30, "replicas ready under the new leader")
+        now = rig.ready()
+        assert {k: now[k] for k in gens} == gens
+        assert set(engines) <= set(engine_pids(tmp_path))
+        assert c.leads(0) is None  # still cut off: it must not lead again
+    finally:
+        c.close()
+        proxy.close()
