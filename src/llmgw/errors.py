@@ -2,27 +2,43 @@
 
 Each carries a message fit for the operator. The CLI turns them into text and an exit
 status in one place (cli.py); nothing else prints tracebacks for them.
+
+The exit statuses, chosen here once (README.md, "Exit codes", lists them):
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the server refused the request (no such deployment, a bad value, ...)
+EXIT_USAGE = 2  # a command line, configuration or key file to fix; a port that is taken
+EXIT_IDENTITY = 3  # identity: our key refused, or the server is not the one its key names
+EXIT_UNREACHABLE = 4  # nothing (or no leader) answered within the timeout
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 class LlmgwError(Exception):
     """Root of llmgw's own errors. `exit_code` is what the CLI exits with."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class UsageError(LlmgwError):
     """A command line that does not make sense."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+
+
+class ListenError(LlmgwError):
+    """A daemon cannot listen where its configuration says (the port is taken, the
+    address is not this machine's): a configuration to fix."""
+
+    exit_code = EXIT_USAGE
 
 
 class ConfigError(LlmgwError):
     """A configuration file that is wrong: names the file, the key path and the value."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
     def __init__(self, path: str, key: str, message: str) -> None:
         self.path = path
@@ -35,7 +51,7 @@ class ConfigError(LlmgwError):
 class KeyFileError(LlmgwError):
     """A CURVE key file that is missing, unreadable or malformed."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class DeploymentError(ConfigError):
@@ -45,7 +61,7 @@ class DeploymentError(ConfigError):
 class DiscoveryError(LlmgwError):
     """Discovery found the node contradicting its configuration (e.g. a missing HCA)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class ProtocolError(LlmgwError):
@@ -59,22 +75,32 @@ class ProtocolError(LlmgwError):
         self.request_id = request_id
 
 
-class RefusedError(LlmgwError):
-    """The server refused us, with its reason. Final: never retried."""
+class IdentityError(LlmgwError):
+    """Who we are or who the server is did not check out. Final: never retried."""
 
-    exit_code = 3
+    exit_code = EXIT_IDENTITY
+
+
+class RefusedError(IdentityError):
+    """The server refused us, with its reason (a Refused message, or the ZAP handler
+    turning our key away in the CURVE handshake)."""
+
+
+class HandshakeError(IdentityError):
+    """The CURVE handshake failed on the server's side of it: the server_key we hold is
+    not that server's, or the peer is not an llmgw server."""
 
 
 class ServerUnreachableError(LlmgwError):
     """No answer from the server within the timeout."""
 
-    exit_code = 4
+    exit_code = EXIT_UNREACHABLE
 
 
 class RequestFailedError(LlmgwError):
     """The server answered a ctl request with an error."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
 
 class EngineError(LlmgwError):

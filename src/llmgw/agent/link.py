@@ -82,15 +82,20 @@ async def serve_link(
     """Keep a session up until cancelled; raise RefusedError when the server refuses us."""
     task_status.started()
     attempt = 0
+    reached = False
     while True:
         try:
             async with connect() as conn:
                 await _handshake(conn, hooks, settings)
                 attempt = 0
+                reached = True
                 hooks.on_connected()
                 await _session(conn, hooks, settings, outbox)
         except _Lost as exc:
-            log.warning("lost the server: %s", exc)
+            if reached:
+                log.warning("lost the server: %s", exc)
+            else:
+                log.warning("has not reached the server yet: %s", exc)
         delay = backoff_delay(attempt, settings.reconnect_base, settings.reconnect_max, rnd())
         attempt += 1
         log.info("reconnecting in %.1fs (attempt %d)", delay, attempt)
@@ -120,7 +125,10 @@ async def _handshake(conn: Connection, hooks: LinkHooks, settings: LinkSettings)
             if isinstance(msg, NotLeader):
                 _not_leader(hooks, msg)
             log.debug("ignored %s before Welcome", codec.kind_of(msg))
-    raise _Lost(f"no answer to Hello within {timeout:g}s")
+    # A socket transport can say why (nothing listens, our key refused...); the
+    # in-memory transports of the timing tests have no handshake to explain.
+    explain = getattr(conn, "explain_silence", None)
+    raise _Lost(explain(timeout) if explain else f"no answer to Hello within {timeout:g}s")
 
 
 def _not_leader(hooks: LinkHooks, msg: NotLeader) -> None:

@@ -157,7 +157,8 @@ class Agent:
 
                 @asynccontextmanager
                 async def connect() -> AsyncIterator[Connection]:
-                    async with dealer.connect(ctx, servers.pick(), pair, server_public) as c:
+                    async with dealer.connect(ctx, servers.pick(), pair, server_public,
+                                              server_key_file=self.config.keys.server_key) as c:
                         yield c
 
                 def connected() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -9,15 +10,38 @@ import trio
 import zmq
 
 from llmgw import PROTOCOL_VERSION
-from llmgw.errors import ProtocolError, RequestFailedError, ServerUnreachableError
+from llmgw.errors import (
+    LlmgwError,
+    ProtocolError,
+    RefusedError,
+    RequestFailedError,
+    ServerUnreachableError,
+    UsageError,
+)
 from llmgw.transport import codec
-from llmgw.transport.dealer import connect
+from llmgw.transport.dealer import ZmqConnection, connect
 from llmgw.transport.follow import NotLeaderError
 from llmgw.transport.keys import load_pair, load_public
 from llmgw.transport.messages import NotLeader, Refused, Reply, Request
 from llmgw.transport.requests import Op
 
 _CTX: zmq.Context[Any] | None = None
+
+_ADDRESS = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+ADDRESS_FORM = "tcp://HOST:PORT, e.g. tcp://127.0.0.1:7443"
+
+
+def check_address(address: str) -> str | None:
+    """None when `address` is a server address llmgw dials (tcp://host:port), else what
+    is wrong with it, in words."""
+    m = _ADDRESS.match(address)
+    if m is None:
+        if address.startswith(("http://", "https://")):
+            return f"expected {ADDRESS_FORM} (llmgw speaks ZeroMQ, not HTTP)"
+        return f"expected {ADDRESS_FORM}"
+    if not 0 < int(m.group(2)) < 65536:
+        return f"port {m.group(2)} is out of range; expected {ADDRESS_FORM}"
+    return None
 
 
 def _context() -> zmq.Context[Any]:
@@ -27,6 +51,23 @@ def _context() -> zmq.Context[Any]:
     return _CTX
 
 
+async def _exchange(conn: ZmqConnection, server: str, req: Request) -> Any:
+    await conn.send(codec.encode(req))
+    while True:
+        try:
+            msg = codec.decode(await conn.recv())
+        except ProtocolError:
+            continue
+        if isinstance(msg, Refused):
+            raise RefusedError(f"the server at {server} refused this key: {msg.reason}")
+        if isinstance(msg, NotLeader):
+            raise NotLeaderError(server, msg.leader)
+        if isinstance(msg, Reply) and msg.request_id == req.request_id:
+            if not msg.ok:
+                raise RequestFailedError(msg.error)
+            return msg.result
+
+
 async def request(
     server: str,
     secret_key_file: str,
@@ -34,28 +75,40 @@ async def request(
     op: Op,
     timeout: float = 5.0,
 ) -> Any:
-    """Send `op` and return the reply's result; RequestFailedError when the server says no,
-    ServerUnreachableError when nothing answers within `timeout`."""
+    """Send `op` and return the reply's result. Raises RequestFailedError when the server
+    says no; RefusedError or HandshakeError (at once, not at the timeout) when our key
+    or its key does not check out; ServerUnreachableError, saying what the socket saw,
+    when nothing answers within `timeout`."""
+    wrong = check_address(server)
+    if wrong is not None:
+        raise UsageError(f"server address {server!r}: {wrong}")
     pair = load_pair(secret_key_file)
     server_public = load_public(server_key_file)
     req = Request(PROTOCOL_VERSION, uuid.uuid4().hex, op)
-    with trio.move_on_after(timeout):
-        async with connect(_context(), server, pair, server_public) as conn:
-            await conn.send(codec.encode(req))
-            while True:
-                try:
-                    msg = codec.decode(await conn.recv())
-                except ProtocolError:
-                    continue
-                if isinstance(msg, Refused):
-                    raise RequestFailedError(f"server refused: {msg.reason}")
-                if isinstance(msg, NotLeader):
-                    raise NotLeaderError(server, msg.leader)
-                if isinstance(msg, Reply) and msg.request_id == req.request_id:
-                    if not msg.ok:
-                        raise RequestFailedError(msg.error)
-                    return msg.result
-    raise ServerUnreachableError(
-        f"no answer from {server} within {timeout:g}s "
-        "(is the server running there, and is this key authorized by it?)"
-    )
+    # The first of: the reply (or the server's error), or the monitor's verdict on the
+    # handshake. Outcomes, not exceptions, leave the tasks: callers catch plain errors.
+    done: list[tuple[bool, Any]] = []
+    async with connect(_context(), server, pair, server_public,
+                       server_key_file=server_key_file) as conn:
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+
+                async def reply() -> None:
+                    try:
+                        done.append((True, await _exchange(conn, server, req)))
+                    except LlmgwError as exc:
+                        done.append((False, exc))
+                    nursery.cancel_scope.cancel()
+
+                async def handshake() -> None:
+                    done.append((False, await conn.monitor.watch()))
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(reply)
+                nursery.start_soon(handshake)
+        if not done:
+            raise ServerUnreachableError(conn.explain_silence(timeout))
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value

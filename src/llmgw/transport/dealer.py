@@ -8,13 +8,16 @@ from typing import Any
 
 import zmq
 
+from llmgw.transport.handshake import HandshakeLog, Monitor
 from llmgw.transport.keys import KeyPair
 from llmgw.transport.zmqtrio import TrioSocket
 
 
 class ZmqConnection:
-    def __init__(self, sock: TrioSocket) -> None:
+    def __init__(self, sock: TrioSocket, monitor: Monitor) -> None:
         self.sock = sock
+        # Watches the handshake until the first message proves it done (handshake.py).
+        self.monitor = monitor
 
     async def send(self, payload: bytes) -> None:
         await self.sock.send_multipart([payload])
@@ -22,13 +25,22 @@ class ZmqConnection:
     async def recv(self) -> bytes:
         while True:
             parts = await self.sock.recv_multipart()
+            self.monitor.close()
             if len(parts) == 1:
                 return parts[0]
+
+    def explain_silence(self, waited: float) -> str:
+        """Why the server has not answered in `waited` seconds: nothing listens, our key
+        was refused, its key is not the one we hold..."""
+        hlog = self.monitor.drain()
+        found = hlog.verdict()
+        return str(found) if found is not None else hlog.silence(waited)
 
 
 @asynccontextmanager
 async def connect(
-    ctx: zmq.Context[Any], server: str, pair: KeyPair, server_public: bytes
+    ctx: zmq.Context[Any], server: str, pair: KeyPair, server_public: bytes,
+    *, server_key_file: str = "",
 ) -> AsyncIterator[ZmqConnection]:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -44,5 +56,9 @@ async def connect(
     sock.curve_publickey = pair.public_key
     sock.curve_serverkey = server_public
     with TrioSocket(sock) as ts:
-        sock.connect(server)
-        yield ZmqConnection(ts)
+        monitor = Monitor(sock, HandshakeLog(server, server_key_file))
+        try:
+            sock.connect(server)
+            yield ZmqConnection(ts, monitor)
+        finally:
+            monitor.close()
