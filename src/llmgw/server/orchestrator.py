@@ -31,6 +31,8 @@ from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
 from llmgw.server.status import (
     deployment_rows,
     describe_deployment,
+    describe_node,
+    describe_replica,
     node_rows,
     not_ready_reason,
     replica_rows,
@@ -45,6 +47,7 @@ from llmgw.transport.requests import (
     CordonOp,
     DeleteOp,
     DescribeOp,
+    DescribeWhat,
     EndpointsOp,
     GetOp,
     GetWhat,
@@ -333,6 +336,18 @@ class Orchestrator:
         return node_rows(self.cp, now)
 
     async def op_describe(self, peer: Peer, op: DescribeOp, now: float) -> Any:
+        if op.what is DescribeWhat.NODE:
+            node = self.cp.nodes.get(op.name)
+            if node is None:
+                raise RequestError(f"no node named {clip(op.name, 100)!r}")
+            return describe_node(self, node, now)
+        if op.what is DescribeWhat.REPLICA:
+            r = self.replicas.get(op.name)
+            if r is None:
+                raise RequestError(f"no replica named {clip(op.name, 100)!r}")
+            events = await trio.to_thread.run_sync(
+                lambda: self.store.events(replica=op.name, limit=50))
+            return describe_replica(self, r, events)
         d = self._deployment(op.name)
         events = await trio.to_thread.run_sync(
             lambda: self.store.events(deployment=op.name, limit=50))

@@ -167,3 +167,27 @@ def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent
         "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
     }
+
+
+def describe_node(o: Orchestrator, node: Node, now: float) -> dict[str, Any]:
+    """A node as `ctl status` shows it, with the replicas that have a member on it."""
+    mine = sorted((r for r in o.replicas.values() if node.node_id in r.node_ids),
+                  key=lambda r: r.id)
+    return {**node_view(node, now), "replica_list": [_with_last_event(o, r) for r in mine]}
+
+
+def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> dict[str, Any]:
+    """A replica's row, why it waits if it does, its last failure's log and its events."""
+    return {
+        **replica_row(r),
+        "spec": plain(r.spec, Deployment),
+        "replaces": r.replaces,
+        "pending": o.pending.get(r.id, ""),
+        "last_log_tail": list(r.last_log_tail),
+        "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
+    }
+
+
+def _with_last_event(o: Orchestrator, r: Replica) -> dict[str, Any]:
+    e = o.last_events.get(r.id)
+    return {**replica_row(r), "last_event": {"ts": e.ts, "text": e.text} if e is not None else None}

@@ -60,9 +60,17 @@ class GetOp:
     what: GetWhat
 
 
+class DescribeWhat(enum.StrEnum):
+    DEPLOYMENT = "deployment"
+    NODE = "node"
+    REPLICA = "replica"
+
+
 @frozen
 class DescribeOp:
     name: str
+    # Defaulted: a ctl from before `describe node|replica` still asks for a deployment.
+    what: DescribeWhat = DescribeWhat.DEPLOYMENT
 
 
 @frozen
