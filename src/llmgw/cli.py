@@ -1,13 +1,17 @@
 """`llmgw`: parse the command line, load config, call one run function.
 
 This is the one place that turns LlmgwError into a message and an exit status; an
-operator's mistake never shows a traceback.
+operator's mistake never shows a traceback. Every message reads `llmgw: <message>`, on
+one line, and the statuses are those of llmgw.errors (README.md, "Exit codes"). A bare
+`llmgw`, `llmgw ctl` or `llmgw keys` prints its help and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,14 +19,50 @@ from typing import NoReturn
 
 import trio
 
-from llmgw.errors import LlmgwError, UsageError
+from llmgw.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, LlmgwError, UsageError
 
 log = logging.getLogger("llmgw")
+
+_ARGUMENT = re.compile(r"^argument (\S+?): ")
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def usage_message(prog: str, message: str) -> str:
+    """argparse's complaint as one line for the operator: no `argument what:`, the
+    subcommand named, and where to read more."""
+    choice = _CHOICE.search(message)
+    if choice is not None:
+        options = choice.group(2).replace("'", "")
+        if message.startswith(("argument COMMAND:", "argument SUBCOMMAND:")):
+            message = f"unknown command {choice.group(1)!r} (choose from {options})"
+        else:
+            message = message[:choice.start()] + f"{choice.group(1)!r} is not one of {options}"
+    message = _ARGUMENT.sub(r"\1: ", message)
+    where = prog.removeprefix("llmgw").strip()
+    return f"{where + ': ' if where else ''}{message} (see `{prog} --help`)"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(usage_message(self.prog, message))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llmgw")
+    except PackageNotFoundError:  # run from a source tree that pip never installed
+        from llmgw import __version__
+
+        return __version__
+
+
+def _help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], None]:
+    def show(args: argparse.Namespace) -> None:
+        parser.print_help()
+
+    return show
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -52,15 +92,21 @@ async def _until_signalled(run: Callable[[], Awaitable[None]]) -> None:
         nursery.start_soon(main)
 
 
-def _leaf_error(exc: BaseException) -> LlmgwError | None:
-    if isinstance(exc, LlmgwError):
+def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first `kind` in `exc`, looking inside exception groups (trio's nurseries)."""
+    if isinstance(exc, kind):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:
-            found = _leaf_error(sub)
+            found = _leaf(sub, kind)
             if found is not None:
                 return found
     return None
+
+
+def _leaf_error(exc: BaseException) -> LlmgwError | None:
+    found = _leaf(exc, LlmgwError)
+    return found if isinstance(found, LlmgwError) else None
 
 
 # ---- commands ----
@@ -131,24 +177,33 @@ def cmd_keys(args: argparse.Namespace) -> None:
 def cmd_ctl(args: argparse.Namespace) -> None:
     from llmgw.ctl.commands import run_ctl
 
+    if args.ctl_cmd is None:
+        args.ctl_help.print_help()
+        return
     run_ctl(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="llmgw", description="LLM inference on bare-metal GPU clusters.")
+    p = _Parser(prog="llmgw", description="LLM inference on bare-metal GPU clusters.",
+                epilog="exit status: 0 ok, 1 the server refused the request, 2 usage or "
+                "configuration, 3 identity (key refused, or wrong server_key), 4 server "
+                "unreachable, 130 interrupted")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p.add_argument("--version", action="version", version=f"llmgw {_version()}",
+                   help="print llmgw's version and exit")
+    p.set_defaults(func=_help_of(p))
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
     s = sub.add_parser("server", help="run the control plane")
-    s.add_argument("--config", required=True, help="server.toml")
+    s.add_argument("--config", required=True, metavar="FILE", help="server.toml")
     s.set_defaults(func=cmd_server)
 
     a = sub.add_parser("agent", help="run the node agent")
-    a.add_argument("--config", required=True, help="agent.yaml")
+    a.add_argument("--config", required=True, metavar="FILE", help="agent.yaml")
     a.set_defaults(func=cmd_agent)
 
     r = sub.add_parser("router", help="run the OpenAI-compatible router")
-    r.add_argument("--config", required=True, help="router.toml")
+    r.add_argument("--config", required=True, metavar="FILE", help="router.toml")
     r.set_defaults(func=cmd_router)
 
     dv = sub.add_parser(
@@ -159,48 +214,66 @@ def build_parser() -> argparse.ArgumentParser:
         "simulated engine unless told otherwise. Applies a demo deployment, waits until it "
         "is ready and prints how to reach it. Ctrl-C stops everything, engines included.",
     )
-    dv.add_argument("--state-dir", default=None,
+    dv.add_argument("--state-dir", default=None, metavar="DIR",
                     help="keep keys, configs and state here, reused on the next run "
                     "(default: a scratch folder removed on exit)")
     dv.add_argument("--no-demo", action="store_true", help="do not apply the demo deployment")
-    dv.add_argument("--port-base", type=int, default=20000,
+    dv.add_argument("--port-base", type=int, default=20000, metavar="PORT",
                     help="first port of the 1000 that engines are given (default 20000)")
-    dv.add_argument("--router-port", type=int, default=8080,
+    dv.add_argument("--router-port", type=int, default=8080, metavar="PORT",
                     help="the router's HTTP port on 127.0.0.1 (default 8080; 0: any free port)")
     dv.add_argument("--real-gpus", action="store_true",
                     help="use this machine's GPUs where it has any (default: simulated GPUs)")
-    dv.add_argument("--simulated-gpus", type=int, default=2,
+    dv.add_argument("--simulated-gpus", type=int, default=2, metavar="N",
                     help="how many simulated GPUs the agent reports (default 2)")
-    dv.add_argument("--vllm-bin", default="",
+    dv.add_argument("--vllm-bin", default="", metavar="PATH",
                     help="the vllm program vLLM deployments run, e.g. VENV/bin/vllm "
                     "(engines.vllm.bin; default: vllm on PATH)")
-    dv.add_argument("--sglang-python", default="",
+    dv.add_argument("--sglang-python", default="", metavar="PATH",
                     help="the python that runs SGLang deployments, with sglang installed "
                     "(engines.sglang.python; default: python3 on PATH)")
     dv.set_defaults(func=cmd_dev)
 
-    k = sub.add_parser("keys", help="CURVE key pairs")
-    ksub = k.add_subparsers(dest="keys_cmd", required=True, parser_class=_Parser)
+    k = sub.add_parser("keys", help="CURVE key pairs",
+                       description="CURVE key pairs: the server's, and one per node, admin "
+                       "and router, authorized by being in the server's authorized folder.")
+    k.set_defaults(func=_help_of(k))
+    ksub = k.add_subparsers(dest="keys_cmd", metavar="SUBCOMMAND", parser_class=_Parser)
+
+    def keys_dir(kp: argparse.ArgumentParser) -> None:
+        kp.add_argument("--dir", required=True, metavar="DIR", help="the server's keys folder")
+
     ki = ksub.add_parser("init", help="the server's pair and the authorized folder")
-    ki.add_argument("--dir", required=True)
+    keys_dir(ki)
     kis = ksub.add_parser("issue", help="a pair for a node, admin or router, authorized")
-    kis.add_argument("role", choices=["node", "admin", "router"])
-    kis.add_argument("name")
-    kis.add_argument("--dir", required=True)
-    kis.add_argument("--out", default=None, help="where to write the pair (default: --dir)")
+    kis.add_argument("role", choices=["node", "admin", "router"], metavar="ROLE",
+                     help="node, admin or router")
+    kis.add_argument("name", metavar="NAME", help="the identity: a node's node_id, an "
+                     "operator's or a router's name")
+    keys_dir(kis)
+    kis.add_argument("--out", default=None, metavar="DIR",
+                     help="where to write the pair (default: --dir)")
     kl = ksub.add_parser("list", help="authorized keys")
-    kl.add_argument("--dir", required=True)
+    keys_dir(kl)
     kr = ksub.add_parser("revoke", help="take a key out of the authorized folder")
-    kr.add_argument("name")
-    kr.add_argument("--dir", required=True)
-    k.set_defaults(func=cmd_keys)
+    kr.add_argument("name", metavar="NAME", help="the key's name")
+    keys_dir(kr)
+    for kp in (ki, kis, kl, kr):
+        kp.set_defaults(func=cmd_keys)
 
     c = sub.add_parser("ctl", help="operate the cluster")
     from llmgw.ctl.commands import add_ctl_arguments
 
     add_ctl_arguments(c, _Parser)
-    c.set_defaults(func=cmd_ctl)
+    c.set_defaults(func=cmd_ctl, ctl_help=c)
     return p
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe (`llmgw ctl status | head -1`): point stdout at /dev/null so
+    that the interpreter's final flush does not fail again (Python's documented way)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,15 +281,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         _setup_logging(getattr(args, "verbose", False))
         args.func(args)
+        sys.stdout.flush()
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_USAGE
     except BaseException as exc:  # noqa: B036 - the one place errors become exit codes
+        if _leaf(exc, BrokenPipeError) is not None:
+            # The reader went away, as `head` does: not an error (git and grep agree).
+            _quiet_stdout()
+            return EXIT_OK
+        if _leaf(exc, KeyboardInterrupt) is not None:
+            return EXIT_INTERRUPTED
         err = _leaf_error(exc)
         if err is not None:
-            print(f"llmgw: error: {err}", file=sys.stderr)
+            print(f"llmgw: {err}", file=sys.stderr)
             return err.exit_code
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
         raise
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

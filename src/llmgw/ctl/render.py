@@ -106,17 +106,50 @@ def render_status(st: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _replicas_table(items: list[dict[str, Any]]) -> str:
-    return table(["ID", "DEPLOYMENT", "STATE", "GEN", "NODES", "ENDPOINT", "REASON"], [
+def _replicas_table(items: list[dict[str, Any]], wide: bool = True) -> str:
+    if not wide:
+        return table(["ID", "DEPLOYMENT", "STATE", "NODES", "ENDPOINT"], [
+            [r["id"], r["deployment"], r["state"], ",".join(r.get("nodes", [])) or "-",
+             r.get("endpoint", "") or "-"] for r in items])
+    return table(["ID", "DEPLOYMENT", "STATE", "GEN", "NODES", "GPUS", "FABRIC", "RESTARTS",
+                  "ENDPOINT", "REASON"], [
         [r["id"], r["deployment"], r["state"], r.get("generation", ""),
-         ",".join(r.get("nodes", [])) or "-", r.get("endpoint", "") or "-", r.get("reason", "")]
+         ",".join(r.get("nodes", [])) or "-", _replica_gpus(r), r.get("fabric", "") or "-",
+         r.get("restarts", 0), r.get("endpoint", "") or "-", r.get("reason", "")]
         for r in items])
 
 
-def _deployments_table(items: list[dict[str, Any]]) -> str:
-    return table(["NAME", "MODEL", "ENGINE", "READY", "STATUS"], [
-        [d["name"], d["model"], d["engine"], f"{d.get('ready', 0)}/{d.get('replicas', 0)}",
-         d.get("status", "")] for d in items])
+def _replica_gpus(r: dict[str, Any]) -> str:
+    gpus = r.get("gpus") or []
+    return ",".join(str(g) for g in gpus) or "-"
+
+
+def _deployments_table(items: list[dict[str, Any]], wide: bool = False) -> str:
+    if not wide:
+        return table(["NAME", "MODEL", "ENGINE", "READY", "STATUS"], [
+            [d["name"], d["model"], d["engine"], f"{d.get('ready', 0)}/{d.get('replicas', 0)}",
+             d.get("status", "")] for d in items])
+    return table(["NAME", "MODEL", "SERVED AS", "ENGINE", "READY", "STATUS"], [
+        [d["name"], d["model"], d.get("served_name", "") or "-", d["engine"],
+         f"{d.get('ready', 0)}/{d.get('replicas', 0)}", d.get("status", "")] for d in items])
+
+
+def _nodes_table(nodes: list[dict[str, Any]], wide: bool) -> str:
+    if wide:
+        return render_status({"nodes": nodes})
+    return table(["ID", "STATE", "HEARTBEAT", "FABRICS", "GPUS"], [
+        [n["id"], node_state(n), _age(n),
+         ",".join(f"{f['name']}({f['state']})" for f in n.get("fabrics", [])) or "island",
+         _gpus(n)] for n in nodes])
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _events(events: list[dict[str, Any]]) -> list[str]:
+    return ["", "Events:", *(f"  {_clock(e['ts'])}  {e['replica'] or '-'}  {e['text']}"
+                             for e in events)]
 
 
 def _describe(d: dict[str, Any]) -> str:
@@ -130,29 +163,82 @@ def _describe(d: dict[str, Any]) -> str:
     for r in d["replica_list"]:
         if r.get("last_log_tail"):
             lines += ["", f"Last log of {r['id']}:", *("  " + x for x in r["last_log_tail"])]
-    lines += ["", "Events:"]
-    lines += [f"  {time.strftime('%H:%M:%S', time.localtime(e['ts']))}  {e['replica'] or '-'}  "
-              f"{e['text']}" for e in d.get("events", [])]
+    lines += _events(d.get("events", []))
     return "\n".join(lines)
 
 
-def render(cmd: str, args: Any, result: Any) -> str:
-    """Text for one ctl subcommand's result."""
+def _describe_node(n: dict[str, Any]) -> str:
+    lines = [f"Node:      {n['id']}", f"State:     {node_state(n)}",
+             f"Connected: {'yes' if n.get('connected') else 'no'} "
+             f"(heartbeat {_age(n)} ago)",
+             f"Mgmt addr: {n.get('mgmt_addr', '')}",
+             "Labels:    " + (", ".join(f"{k}={v}" for k, v in sorted(n.get("labels", {}).items()))
+                              or "-"),
+             "Fabrics:   " + (", ".join(f"{f['name']} ({f['state']}: {', '.join(f.get('hcas', []))})"
+                                       for f in n.get("fabrics", [])) or "none (island)"),
+             f"Storage:   {_storage(n)}", "", f"GPUs: {_gpus(n)}"]
+    gpus = n.get("gpus") or []
+    if gpus:
+        lines.append(table(["INDEX", "NAME", "MEMORY FREE/TOTAL", "NUMA", "NVLINK PEERS"], [
+            [g.get("index", ""), g.get("name", ""),
+             f"{g.get('memory_free', 0) // 1024}/{g.get('memory_total', 0) // 1024}GiB",
+             g.get("numa_node", ""),
+             ",".join(str(p) for p in sorted((g.get("nvlink_peers") or {}).keys())) or "-"]
+            for g in gpus]))
+    for w in n.get("warnings", []):
+        lines.append(f"warning: {w}")
+    lines += ["", "Replicas:"]
+    reps = n.get("replica_list", [])
+    lines.append(_replicas_table(reps, wide=False) if reps else "  none")
+    return "\n".join(lines)
+
+
+def _describe_replica(r: dict[str, Any]) -> str:
+    lines = [f"Replica:    {r['id']}", f"Deployment: {r['deployment']}",
+             f"State:      {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""),
+             f"Generation: {r.get('generation', '')}", f"Restarts:   {r.get('restarts', 0)}",
+             "Nodes:      " + (", ".join(r.get("nodes", [])) or "-"),
+             f"GPUs:       {_replica_gpus(r)}", f"Fabric:     {r.get('fabric') or '-'}",
+             f"Endpoint:   {r.get('endpoint') or '-'}"]
+    if r.get("replaces"):
+        lines.append(f"Replaces:   {r['replaces']}")
+    if r.get("pending"):
+        lines.append(f"Pending:    {r['pending']}")
+    spec = r.get("spec") or {}
+    if spec:
+        lines += ["Spec:", *(f"  {k}: {v}" for k, v in spec.items())]
+    if r.get("last_log_tail"):
+        lines += ["", "Last log:", *("  " + x for x in r["last_log_tail"])]
+    lines += _events(r.get("events", []))
+    return "\n".join(lines)
+
+
+def logs_head(result: dict[str, Any]) -> str:
+    head = f"# {result['replica']} on {result['node'] or '-'}"
+    if result.get("note"):
+        head += f" ({result['note']})"
+    return head
+
+
+def render(cmd: str, kind: str, result: Any, *, wide: bool = False) -> str:
+    """Text for one ctl subcommand's result; `kind` is get's or describe's (singular)."""
     if cmd == "status":
         return render_status(result)
     if cmd == "get":
-        if args.what == "deployments":
-            return _deployments_table(result)
-        if args.what == "replicas":
-            return _replicas_table(result)
-        return render_status({"nodes": result})
+        rows = result if isinstance(result, list) else [result]  # `get KIND NAME`: one
+        if kind == "deployment":
+            return _deployments_table(rows, wide)
+        if kind == "replica":
+            return _replicas_table(rows, wide)
+        return _nodes_table(rows, wide)
     if cmd == "describe":
+        if kind == "node":
+            return _describe_node(result)
+        if kind == "replica":
+            return _describe_replica(result)
         return _describe(result)
     if cmd == "logs":
-        head = f"# {result['replica']} on {result['node'] or '-'}"
-        if result.get("note"):
-            head += f" ({result['note']})"
-        return "\n".join([head, *result["lines"]])
+        return "\n".join([logs_head(result), *result["lines"]])
     if cmd == "apply":
         if not result.get("changed"):
             return f"deployment {result['deployment']} unchanged"

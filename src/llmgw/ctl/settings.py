@@ -43,18 +43,41 @@ def _file_values(path: Path) -> dict[str, str]:
     return out
 
 
+def servers_of(settings: CtlSettings) -> list[str]:
+    return [s.strip() for s in settings.server.split(",") if s.strip()]
+
+
 def resolve(
     server: str | None, key: str | None, server_key: str | None, file: Path | None = None
 ) -> CtlSettings:
+    """Each setting from the first of: its flag, its environment variable, the file.
+    Server addresses are checked here, naming where the bad one came from."""
+    path = file or default_file()
     flags = {"server": server, "key": key, "server_key": server_key}
-    from_file = _file_values(file or default_file())
+    from_file = _file_values(path)
     chosen: dict[str, str] = {}
     for name, env in ENV.items():
-        value = flags[name] or os.environ.get(env) or from_file.get(name)
-        if not value:
-            flag = "--" + name.replace("_", "-")
+        flag = "--" + name.replace("_", "-")
+        found = [(v, where) for v, where in ((flags[name], flag), (os.environ.get(env), env),
+                                             (from_file.get(name), f"{path}: {name}")) if v]
+        if not found:
             raise UsageError(
-                f"no {name.replace('_', ' ')}: give {flag}, set {env}, or put {name} in {default_file()}"
+                f"no {name.replace('_', ' ')}: give {flag}, set {env}, or put {name} in {path}"
             )
+        value, where = found[0]
+        if name == "server":
+            _check_servers(value, where)
         chosen[name] = value
     return CtlSettings(**chosen)
+
+
+def _check_servers(value: str, where: str) -> None:
+    from llmgw.transport.client import check_address
+
+    addresses = [s.strip() for s in value.split(",") if s.strip()]
+    if not addresses:
+        raise UsageError(f"{where} {value!r}: no server address in it")
+    for a in addresses:
+        wrong = check_address(a)
+        if wrong is not None:
+            raise UsageError(f"{where} {a!r}: {wrong}")

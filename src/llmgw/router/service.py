@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from llmgw.config.router import RouterConfig
-from llmgw.errors import ProtocolError
+from llmgw.errors import ListenError, ProtocolError
 from llmgw.logbound import Throttle, clip
 from llmgw.router import errors, sockio
 from llmgw.router.auth import ApiKey, KeyFile
@@ -328,7 +328,11 @@ async def serve_router(
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
     router = Router(config)
     host, port = _split_bind(config.bind)
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise ListenError(f"the router cannot listen on {config.bind}: "
+                          f"{exc.strerror or exc}") from None
     bound = listeners[0].socket.getsockname()
     log.info("router listening on http://%s:%d", bound[0], bound[1])
     try:
