@@ -37,3 +37,21 @@ def test_unknown_key_in_file(clean_env: Path) -> None:
 def test_nothing_anywhere_is_a_usage_error(clean_env: Path) -> None:
     with pytest.raises(UsageError, match="--server-key"):
         resolve("tcp://x:1", "k", None)
+
+
+@pytest.mark.parametrize("bad", ["http://127.0.0.1:7443", "127.0.0.1:7443", "tcp://a:1,tcp://b"])
+def test_server_address_checked_naming_its_source(clean_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  bad: str) -> None:
+    with pytest.raises(UsageError, match=r"^--server .*expected tcp://HOST:PORT"):
+        resolve(bad, "k", "s")
+    monkeypatch.setenv("LLMGW_SERVER", bad)
+    with pytest.raises(UsageError, match=r"^LLMGW_SERVER .*expected tcp://HOST:PORT"):
+        resolve(None, "k", "s")
+    monkeypatch.delenv("LLMGW_SERVER")
+    clean_env.write_text(f'server = "{bad}"\n')
+    with pytest.raises(UsageError, match=r"ctl.toml: server .*expected tcp://HOST:PORT"):
+        resolve(None, "k", "s")
+
+
+def test_several_servers_comma_separated(clean_env: Path) -> None:
+    assert resolve("tcp://a:1, tcp://b:2", "k", "s").server == "tcp://a:1, tcp://b:2"
