@@ -167,3 +167,12 @@ def test_router_whose_port_is_taken(cluster: Cluster, tmp_path: Path) -> None:
         r = run_cli("router", "--config", str(cfg), timeout=20)
     assert r.returncode == 2, r.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in _one_line(r)
+
+
+def test_server_whose_port_is_taken(cluster: Cluster) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", cluster.port))
+        taken.listen()
+        r = run_cli("server", "--config", str(cluster.server_toml), timeout=20)
+    assert r.returncode == 2, r.stderr
+    assert f"cannot bind {cluster.address}" in _one_line(r)

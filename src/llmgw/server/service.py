@@ -17,7 +17,7 @@ import trio
 import zmq
 
 from llmgw.config.server import ServerConfig
-from llmgw.errors import LlmgwError
+from llmgw.errors import ListenError, LlmgwError
 from llmgw.logbound import Throttle, clip
 from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.metrics import ServerMetrics
@@ -174,7 +174,7 @@ async def serve_server(
                 sock.bind(config.bind)
             except zmq.ZMQError as exc:
                 sock.close(linger=0)
-                raise LlmgwError(f"cannot bind {config.bind}: {exc}") from None
+                raise ListenError(f"cannot bind {config.bind}: {exc}") from None
             bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             transport = t = ServerTransport(TrioSocket(sock))
             metrics.sent, metrics.send_dropped = (lambda: t.sent), (lambda: t.dropped_sends)
