@@ -3,7 +3,7 @@
 This is the one place that turns LlmgwError into a message and an exit status; an
 operator's mistake never shows a traceback. Every message reads `llmgw: <message>`, on
 one line, and the statuses are those of llmgw.errors (README.md, "Exit codes"). A bare
-`llmgw`, `llmgw ctl` or `llmgw keys` prints its help and exits 0.
+`llmgw`, `llmgw ctl`, `llmgw keys` or `llmgw config` prints its help and exits 0.
 """
 
 from __future__ import annotations
@@ -174,6 +174,17 @@ def cmd_keys(args: argparse.Namespace) -> None:
         print(f"revoked {args.name!r} (moved to {dst}); the server cuts it within one heartbeat")
 
 
+def cmd_config(args: argparse.Namespace) -> None:
+    from llmgw import examples
+
+    if args.config_cmd is None:
+        args.config_help.print_help()
+    elif args.name is None:
+        sys.stdout.write(examples.listing())
+    else:
+        sys.stdout.write(examples.example_text(args.name))
+
+
 def cmd_ctl(args: argparse.Namespace) -> None:
     from llmgw.ctl.commands import run_ctl
 
@@ -260,6 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
     keys_dir(kr)
     for kp in (ki, kis, kl, kr):
         kp.set_defaults(func=cmd_keys)
+
+    cf = sub.add_parser("config", help="the annotated example files (configs, units)",
+                        description="The annotated example files that ship with llmgw: "
+                        "configurations, deployments, systemd units.")
+    cf.set_defaults(func=cmd_config, config_help=cf)
+    cfsub = cf.add_subparsers(dest="config_cmd", metavar="SUBCOMMAND", parser_class=_Parser)
+    ce = cfsub.add_parser("example", help="print an example file (no NAME: list them)",
+                          description="Print an annotated example file to stdout, e.g. "
+                          "`llmgw config example server > /etc/llmgw/server.toml`.")
+    ce.add_argument("name", nargs="?", default=None, metavar="NAME",
+                    help="which example (leave out to list them)")
+    ce.set_defaults(func=cmd_config, config_help=cf)
 
     c = sub.add_parser("ctl", help="operate the cluster")
     from llmgw.ctl.commands import add_ctl_arguments
