@@ -157,13 +157,17 @@ def cmd_dev(args: argparse.Namespace) -> None:
 def cmd_keys(args: argparse.Namespace) -> None:
     from llmgw.transport import keys
 
+    if args.keys_cmd in ("init", "issue"):
+        to = keys.handover(args.owner, args.group)
+        mode = f"mode {to.mode:04o}" + (f", owner {args.owner}" if args.owner else "") + (
+            f", group {args.group}" if args.group else "")
     if args.keys_cmd == "init":
-        d = keys.init_keys(args.dir)
-        print(f"wrote {d / 'server.key'} and {d / 'server.key_secret'}; authorized keys go in "
-              f"{d / 'authorized'}")
+        d = keys.init_keys(args.dir, to)
+        print(f"wrote {d / 'server.key'} and {d / 'server.key_secret'} ({mode}); authorized keys "
+              f"go in {d / 'authorized'}")
     elif args.keys_cmd == "issue":
-        pub, sec = keys.issue_key(args.dir, args.role, args.name, args.out)
-        print(f"wrote {pub} and {sec} (mode 0600); {args.role} {args.name!r} is authorized")
+        pub, sec = keys.issue_key(args.dir, args.role, args.name, args.out, to)
+        print(f"wrote {pub} and {sec} ({mode}); {args.role} {args.name!r} is authorized")
     elif args.keys_cmd == "list":
         from llmgw.ctl.render import table
 
@@ -264,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     keys_dir(kis)
     kis.add_argument("--out", default=None, metavar="DIR",
                      help="where to write the pair (default: --dir)")
+    for kp in (ki, kis):
+        # A server or router under systemd runs as User=llmgw and must read its secret.
+        kp.add_argument("--owner", default=None, metavar="USER[:GROUP]",
+                        help="hand the secret key file to this user (and group), mode 0600; "
+                        "for a daemon that runs as a service user (root only)")
+        kp.add_argument("--group", default=None, metavar="GROUP",
+                        help="let this group read the secret key file (mode 0640)")
     kl = ksub.add_parser("list", help="authorized keys")
     keys_dir(kl)
     kr = ksub.add_parser("revoke", help="take a key out of the authorized folder")

@@ -80,3 +80,58 @@ def test_authorized_file_without_metadata_is_ignored(tmp_path: Path, caplog: pyt
     zmq.auth.create_certificates(tmp_path, "plain")
     assert keys.load_authorized(str(tmp_path)) == {}
     assert "names no valid role" in caplog.text
+
+
+def _me() -> tuple[str, str]:
+    import grp
+    import os
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
+
+
+def test_issue_hands_the_secret_to_a_service_user(tmp_path: Path) -> None:
+    import os
+    import pwd
+
+    user, group = _me()
+    keys.init_keys(str(tmp_path), keys.handover(group=group))
+    server_secret = (tmp_path / "server.key_secret").stat()
+    assert stat.S_IMODE(server_secret.st_mode) == 0o640 and server_secret.st_gid == os.getegid()
+    _, sec = keys.issue_key(str(tmp_path), "router", "edge", to=keys.handover(owner=f"{user}:{group}"))
+    assert stat.S_IMODE(sec.stat().st_mode) == 0o600 and sec.stat().st_uid == os.geteuid()
+    if os.geteuid() == 0:  # only root can really give a file away
+        nobody = pwd.getpwnam("nobody")
+        _, sec = keys.issue_key(str(tmp_path), "router", "edge2", to=keys.handover(owner="nobody"))
+        st = sec.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (nobody.pw_uid, nobody.pw_gid, 0o600)
+
+
+@pytest.mark.parametrize(("owner", "group", "words"), [
+    ("no-such-user-llmgw", None, ["no user 'no-such-user-llmgw'", "sysusers"]),
+    (None, "no-such-group-llmgw", ["no group 'no-such-group-llmgw'"]),
+    ("root:no-such-group-llmgw", None, ["no group"]),
+    ("root", "root", ["give one"]),
+])
+def test_a_user_or_group_that_does_not_exist_is_a_usage_error(
+    tmp_path: Path, owner: str | None, group: str | None, words: list[str]
+) -> None:
+    with pytest.raises(UsageError) as err:
+        keys.handover(owner, group)
+    assert all(w in str(err.value) for w in words)
+
+
+def test_cli_refuses_an_unknown_owner_before_writing_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llmgw.cli import main
+
+    assert main(["keys", "init", "--dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["keys", "issue", "router", "edge", "--dir", str(tmp_path), "--owner", "no-such-user-llmgw"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("llmgw: --owner no-such-user-llmgw") and "\n" not in err
+    assert not (tmp_path / "edge.key_secret").exists() and not (tmp_path / "authorized" / "edge.key").exists()
+    user, _ = _me()
+    assert main(["keys", "issue", "router", "edge", "--dir", str(tmp_path), "--owner", user]) == 0
+    assert "mode 0600, owner " + user in capsys.readouterr().out

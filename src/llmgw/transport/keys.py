@@ -10,7 +10,9 @@ Names are unique across roles, so `revoke NAME` is unambiguous.
 from __future__ import annotations
 
 import datetime
+import grp
 import os
+import pwd
 import re
 from pathlib import Path
 
@@ -86,6 +88,56 @@ def _create(out: Path, name: str, role: str) -> tuple[Path, Path]:
     return Path(pub), Path(sec)
 
 
+@frozen
+class Handover:
+    """Who gets a secret key file: a service user (`--owner`, mode 0600 stays) or a
+    group that reads it (`--group`, mode 0640, owner unchanged). uid/gid -1: unchanged."""
+
+    uid: int = -1
+    gid: int = -1
+    mode: int = 0o600
+
+
+def handover(owner: str | None = None, group: str | None = None) -> Handover:
+    """Check `--owner USER[:GROUP]` and `--group GROUP` before anything is written, so a
+    misspelt user leaves no key behind."""
+    if owner and group:
+        raise UsageError("--owner and --group: give one (--owner USER:GROUP sets both)")
+    if not owner and not group:
+        return Handover()
+    if group:
+        return Handover(gid=_gid(group, "--group"), mode=0o640)
+    assert owner is not None
+    user, _, owner_group = owner.partition(":")
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise UsageError(
+            f"--owner {owner}: no user {user!r} on this machine (create it first, e.g. "
+            "`llmgw config example sysusers > /etc/sysusers.d/llmgw.conf && systemd-sysusers`)"
+        ) from None
+    gid = _gid(owner_group, "--owner") if owner_group else entry.pw_gid
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise UsageError(f"--owner {owner}: only root can hand a file to another user")
+    return Handover(uid=entry.pw_uid, gid=gid, mode=0o600)
+
+
+def _gid(group: str, flag: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UsageError(f"{flag}: no group {group!r} on this machine") from None
+
+
+def _hand_over(secret: Path, to: Handover) -> None:
+    try:
+        os.chown(secret, to.uid, to.gid)
+    except OSError as exc:
+        raise UsageError(f"cannot hand {secret} over (uid {to.uid}, gid {to.gid}): {exc.strerror}; "
+                         "run as root, or chown it by hand") from None
+    os.chmod(secret, to.mode)
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name):
         raise UsageError(
@@ -94,12 +146,15 @@ def check_name(name: str) -> str:
     return name
 
 
-def init_keys(keys_dir: str) -> Path:
+def init_keys(keys_dir: str, to: Handover | None = None) -> Path:
+    """The server's pair and authorized/. `to`: who may read server.key_secret (the
+    server runs as a service user)."""
     d = Path(keys_dir)
     if (d / "server.key_secret").exists():
         raise UsageError(f"{d / 'server.key_secret'} exists already; not overwriting it")
-    _create(d, "server", "server")
+    _, sec = _create(d, "server", "server")
     (d / "authorized").mkdir(exist_ok=True)
+    _hand_over(sec, to or Handover())
     return d
 
 
@@ -110,8 +165,11 @@ def _require_init(keys_dir: str) -> Path:
     return d
 
 
-def issue_key(keys_dir: str, role: str, name: str, out: str | None = None) -> tuple[Path, Path]:
-    """Make a pair for `name` with `role`, and authorize its public key."""
+def issue_key(
+    keys_dir: str, role: str, name: str, out: str | None = None, to: Handover | None = None
+) -> tuple[Path, Path]:
+    """Make a pair for `name` with `role`, and authorize its public key. `to`: who gets
+    the secret file (a router or server running as a service user)."""
     if role not in ROLES:
         raise UsageError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
     check_name(name)
@@ -124,6 +182,7 @@ def issue_key(keys_dir: str, role: str, name: str, out: str | None = None) -> tu
     pub, sec = _create(Path(out) if out else d, name, role)
     public, _ = zmq.auth.load_certificate(pub)
     _write_public(auth, public, {"role": role, "identity": name})
+    _hand_over(sec, to or Handover())
     return pub, sec
 
 
