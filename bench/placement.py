@@ -10,12 +10,17 @@ nodes holding the model. Reported per size:
 - unschedulable: a replica nobody fits (the full scan that explains why);
 - reconcile: one steady-state pass (every replica ready, nothing to do) with one
   replica per 8 nodes, the server's cost per heartbeat round; and one pass that must
-  place a replica (it builds the index first).
+  place a replica;
+- apply 1000: a deployment of 1,000 single-GPU replicas applied to that cluster, passes
+  run until every replica is placed (total).
+
+--json FILE writes one object per size: {"50000": {"place_one_ms": ..., ...}, ...}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -45,7 +50,7 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:9.3f} ms"
 
 
-def run(size: int) -> None:
+def run(size: int) -> dict[str, float]:
     t = time.perf_counter()
     nodes = synthetic(size)
     build_s = time.perf_counter() - t
@@ -100,6 +105,16 @@ def run(size: int) -> None:
         3,
     )
 
+    d_apply = Deployment(name="apply", model="org/apply", engine=d.engine, gpus_per_node=1,
+                         replicas=1000)
+    t = time.perf_counter()
+    reps, floor, passes = res.replicas, res.generation_floor, 0
+    while sum(1 for r in reps.values() if r.deployment == "apply" and r.placed) < 1000:
+        out = reconcile({"bench": d, "apply": d_apply}, reps, nodes, reports, 3.0 + passes,
+                        generation_floor=floor)
+        reps, floor, passes = out.replicas, out.generation_floor, passes + 1
+    apply_s = time.perf_counter() - t
+
     print(f"{size:>6} nodes ({size * 8} GPUs)")
     print(f"  synthetic inventory    {ms(build_s)}")
     print(f"  index (ClusterView)    {ms(index_s)}")
@@ -111,14 +126,22 @@ def run(size: int) -> None:
     print(f"  unschedulable 1x9      {ms(unsched_s)}  (full scan with reasons)")
     print(f"  reconcile pass         {ms(steady_s)}  ({len(res.replicas)} ready replicas, nothing to do)")
     print(f"  reconcile, scale +1    {ms(scale_s)}  (indexes the cluster, places one)")
+    print(f"  apply 1000x1 replicas  {ms(apply_s)}  ({passes} passes, all placed)")
+    return {"place_one_ms": one_s * 1000, "place_gang_ms": gang_s * 1000,
+            "pass_idle_ms": steady_s * 1000, "pass_place_one_ms": scale_s * 1000,
+            "apply_1000_ms": apply_s * 1000}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000,50000")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures here, as JSON")
     args = ap.parse_args()
+    figures = {}
     for size in (int(s) for s in args.sizes.split(",")):
-        run(size)
+        figures[str(size)] = run(size)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":
