@@ -10,45 +10,28 @@ Preference, never a filter, in this order: holding complete weights for the mode
 a gang, the more members that hold them the better); then NVLink fit of the
 tensor-parallel group; then the strategy (pack: fewest free GPUs, spread: most).
 
-Speed: a ClusterView indexes the snapshot once (free-GPU buckets per fabric and GPU
-model, an inverted index of who holds which model) so that one placement looks at a
-handful of nodes, not all of them. It is a plain value owned by its caller: reconcile
-builds one per pass and reserves what it places.
+Speed: a ClusterView (cluster_view.py) indexes the nodes (free-GPU buckets per fabric and
+GPU model, an inverted index of who holds which model) so that one placement looks at a
+handful of nodes, not all of them. It is a plain value owned by its caller, kept across
+passes by the reconcile state and updated by deltas.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 
 from attrs import field, frozen
 
 from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
 from llmgw.model.engine import EngineKind
-from llmgw.model.inventory import FabricState, Gpu, Inventory, NodeInfo
-from llmgw.model.node import NodeState
 
 from ._gpus import pick_gpus
+from .cluster_view import ClusterView, NodeView, _Group, _Node
+
+__all__ = ["ClusterView", "NodeView", "Placement", "Unschedulable", "explain", "place"]
 
 _SCAN_HOLDERS_DIRECTLY = 256  # above this many holders, scan buckets instead
-
-
-@frozen
-class NodeView:
-    """What placement and reconcile know of one node."""
-
-    info: NodeInfo
-    inventory: Inventory
-    state: NodeState = NodeState.READY
-    cordoned: bool = False
-    draining: bool = False  # cordoned, and its replicas are being moved away
-    # GPUs and ports taken by something placement does not see as a replica.
-    used_gpus: frozenset[str] = frozenset()
-    used_ports: frozenset[int] = frozenset()
-    # Ports the node reported in conflict (held by a process that is not ours): never
-    # assigned on this node (the server's Node.conflict_ports).
-    blocked_ports: frozenset[int] = frozenset()
-    silent_since: float | None = None  # when it went silent (suspect/lost); None: unknown
 
 
 @frozen
@@ -63,135 +46,6 @@ class Placement:
 class Unschedulable:
     reason: str
     counts: dict[str, int] = field(factory=dict)
-
-
-class _Node:
-    __slots__ = (
-        "addr", "cache", "fabrics", "fixed", "free", "gpu_name", "gpus", "hi", "id", "labels",
-        "lacked", "lo", "ports", "reject", "view",
-    )
-
-    def __init__(self, node_id: str, view: NodeView) -> None:
-        inv = view.inventory
-        self.id = node_id
-        self.view = view
-        self.addr = view.info.mgmt_addr
-        self.labels = view.info.labels
-        self.gpus: dict[str, Gpu] = {g.uuid: g for g in inv.gpus}
-        self.free = [g.uuid for g in inv.gpus if g.uuid not in view.used_gpus]
-        # Engine kind -> why this node cannot start it.
-        self.lacked = {
-            e.kind: f"lacked engine {e.kind} ({e.key}: {e.reason})" if e.key
-            else f"lacked engine {e.kind} ({e.reason})"
-            for e in inv.engines if not e.available
-        }
-        self.lo, self.hi = view.info.port_range
-        # Ports that no release() gives back: used outside placement, or blocked.
-        self.fixed = view.used_ports | {p for p in view.blocked_ports if self.lo <= p <= self.hi}
-        self.ports = set(self.fixed)
-        self.fabrics = {f.name: f for f in inv.fabrics if f.state != FabricState.DOWN}
-        names = [g.name for g in inv.gpus]
-        first = names[0] if names else ""
-        # The node's GPU model: the most common name (nodes are nearly always uniform).
-        self.gpu_name = first if names.count(first) == len(names) else max(names, key=names.count)
-        self.cache: dict[tuple[int, int], tuple[tuple[str, ...], bool] | None] = {}
-        self.reject = ""
-        if view.state != NodeState.READY:
-            self.reject = f"were {view.state}"
-        elif view.draining:
-            self.reject = "draining"
-        elif view.cordoned:
-            self.reject = "cordoned"
-
-
-class _Group:
-    """Schedulable nodes bucketed by free GPU count."""
-
-    __slots__ = ("buckets", "ids")
-
-    def __init__(self) -> None:
-        self.buckets: dict[int, dict[str, _Node]] = {}
-        self.ids: set[str] = set()
-
-    def add(self, n: _Node) -> None:
-        self.buckets.setdefault(len(n.free), {})[n.id] = n
-        self.ids.add(n.id)
-
-    def remove(self, n: _Node) -> None:
-        b = self.buckets.get(len(n.free))
-        if b is not None:
-            b.pop(n.id, None)
-        self.ids.discard(n.id)
-
-    def scan(self, need: int, strategy: Strategy) -> Iterator[_Node]:
-        counts = [c for c, b in self.buckets.items() if c >= need and b]
-        counts.sort(reverse=strategy == Strategy.SPREAD)
-        for c in counts:
-            yield from list(self.buckets[c].values())
-
-
-class ClusterView:
-    """An indexed snapshot of the nodes; reserve() what you place to keep it current."""
-
-    def __init__(self, nodes: Mapping[str, NodeView]) -> None:
-        self.nodes: dict[str, _Node] = {}
-        self.all = _Group()
-        self.groups: dict[tuple[str, str], _Group] = {}
-        self.holders: dict[str, set[str]] = {}
-        for node_id in sorted(nodes):
-            n = _Node(node_id, nodes[node_id])
-            self.nodes[node_id] = n
-            for copy in n.view.inventory.storage.models:
-                if copy.complete:
-                    self.holders.setdefault(copy.name, set()).add(node_id)
-                    self.holders.setdefault(copy.path, set()).add(node_id)
-            if not n.reject:
-                self._index(n)
-
-    def _index(self, n: _Node) -> None:
-        self.all.add(n)
-        for fabric in n.fabrics:
-            self.groups.setdefault((fabric, n.gpu_name), _Group()).add(n)
-
-    def _unindex(self, n: _Node) -> None:
-        self.all.remove(n)
-        for fabric in n.fabrics:
-            self.groups[(fabric, n.gpu_name)].remove(n)
-
-    def holds(self, node_id: str, model: str) -> bool:
-        return node_id in self.holders.get(model, ())
-
-    def free_gpus(self, node_id: str) -> tuple[str, ...]:
-        return tuple(self.nodes[node_id].free)
-
-    def reserve(self, members: Iterable[Member]) -> None:
-        """Take the members' GPUs and ports (unknown nodes and GPUs are ignored)."""
-        for m in members:
-            self._change(m, take=True)
-
-    def release(self, members: Iterable[Member]) -> None:
-        """Give the members' GPUs and ports back."""
-        for m in members:
-            self._change(m, take=False)
-
-    def _change(self, m: Member, *, take: bool) -> None:
-        n = self.nodes.get(m.node_id)
-        if n is None:
-            return
-        indexed = not n.reject
-        if indexed:
-            self._unindex(n)
-        if take:
-            gone = set(m.gpus)
-            n.free = [u for u in n.free if u not in gone]
-            n.ports.update(m.bound_ports())
-        else:
-            back = set(m.gpus) | set(n.free)
-            n.free = [u for u in n.gpus if u in back]
-            n.ports.difference_update(set(m.bound_ports()) - n.fixed)
-        n.cache.clear()
-        if indexed:
-            self._index(n)
 
 
 # ---------------------------------------------------------------- choosing
