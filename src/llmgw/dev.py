@@ -20,6 +20,7 @@ import signal
 import socket
 import tempfile
 import time
+import tomllib
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ HOST = "127.0.0.1"
 NODE_ID = "dev-node"
 ADMIN = "dev-admin"
 ROUTER = "dev-router"
-# A copy of conf/deployments/demo.yaml (conf/ is not part of the installed package).
+# conf/deployments/demo.yaml, here so that dev reads no file (tests/unit/test_examples.py
+# checks that the two agree).
 DEMO: dict[str, Any] = {
     "name": "demo",
     "model": "llmgw/sim-tiny",
@@ -95,9 +97,12 @@ class DevFiles:
     def server_key(self) -> Path:
         return self.keys_dir / "server.key"
 
+    @property
+    def ctl_toml(self) -> Path:
+        return self.root / "ctl.toml"
+
     def ctl_line(self, *args: str) -> str:
-        return shlex.join(["llmgw", "ctl", "--server", self.server_address, "--key",
-                           str(self.admin_key), "--server-key", str(self.server_key), *args])
+        return shlex.join(["llmgw", "ctl", "--config", str(self.ctl_toml), *args])
 
 
 def _say(text: str) -> None:
@@ -152,10 +157,27 @@ def make_keys(keys_dir: Path) -> None:
             keys.issue_key(str(keys_dir), role, name)
 
 
+def server_port(root: Path) -> int:
+    """The port the last run in `root` gave the server, where it is still free, so that a
+    kept state folder's ctl line and ctl.toml stay the same from run to run; else any
+    free port."""
+    try:
+        bind = tomllib.loads((root / "server.toml").read_text())["bind"]
+        port = int(bind.rsplit(":", 1)[1])
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, IndexError, ValueError):
+        return free_port()  # a first run, or a file that is not ours to trust
+    if 1024 <= port <= 65535 and port_is_free(HOST, port):
+        return port
+    new = free_port()
+    _say(f"the server's port of the last run ({port}) is taken; it is {new} this time "
+         f"({root / 'ctl.toml'} says so)")
+    return new
+
+
 def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
     keys_dir = root / "keys"
     make_keys(keys_dir)
-    address = f"tcp://{HOST}:{free_port()}"
+    address = f"tcp://{HOST}:{server_port(root)}"
     server = {
         "bind": address,
         "keys_dir": str(keys_dir),
@@ -202,6 +224,10 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
     files.server_toml.write_text(tomli_w.dumps(server))
     files.agent_yaml.write_text(yaml.safe_dump(agent, sort_keys=False))
     files.router_toml.write_text(tomli_w.dumps(router))
+    # What `llmgw ctl --config ROOT/ctl.toml` reads (llmgw.ctl.settings), for the printed
+    # ctl line: the admin key of this folder and the server of this run.
+    files.ctl_toml.write_text(tomli_w.dumps({"server": address, "key": str(files.admin_key),
+                                             "server_key": str(files.server_key)}))
     return files
 
 

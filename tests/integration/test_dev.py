@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shlex
 import signal
 import socket
 import subprocess
@@ -133,7 +134,12 @@ def test_dev_serves_a_chat_completion_and_stops_cleanly_on_sigint(tmp_path: Path
         assert url == f"http://127.0.0.1:{router_port}"
         assert any("simulated GPUs" in s and "simulated engine" in s for s in seen), seen
         assert curl.startswith(f"curl -s {url}/v1/chat/completions") and "llmgw/sim-tiny" in curl
-        assert ctl.startswith("llmgw ctl --server tcp://127.0.0.1:") and ctl.endswith(" status")
+        assert ctl == f"llmgw ctl --config {state / 'ctl.toml'} status"
+        # The printed ctl line works as printed (its settings all come from ctl.toml).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+        status = subprocess.run([*LLMGW, *shlex.split(ctl)[1:]], capture_output=True, text=True,
+                                timeout=30, cwd=tmp_path, env=env)
+        assert status.returncode == 0 and "demo" in status.stdout, status.stdout + status.stderr
 
         with openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0,
                            timeout=30) as client:

@@ -50,7 +50,8 @@ EPILOG = f"""\
 where ctl finds the server and its keys, each from the first that has it:
   the flags --server, --key, --server-key;
   the environment: LLMGW_SERVER (comma-separated), LLMGW_CTL_KEY, LLMGW_SERVER_KEY;
-  the file {default_file()} ($XDG_CONFIG_HOME/llmgw/ctl.toml), e.g.
+  the file --config FILE, else the file LLMGW_CTL_CONFIG names, else
+  {default_file()} ($XDG_CONFIG_HOME/llmgw/ctl.toml), e.g.
       server = "tcp://10.0.0.1:7443"
       key = "/etc/llmgw/keys/ops.key_secret"
       server_key = "/etc/llmgw/keys/server.key"
@@ -85,6 +86,10 @@ def _add_common(p: argparse.ArgumentParser, *, after_verb: bool) -> None:
     p.add_argument("--server-key", metavar="FILE", **d,
                    help="the server's public key file, server.key "
                    "(default: LLMGW_SERVER_KEY, then ctl.toml)")
+    p.add_argument("--config", metavar="FILE", **d,
+                   help="read server, key and server_key from this ctl.toml (default: "
+                   "LLMGW_CTL_CONFIG, then $XDG_CONFIG_HOME/llmgw/ctl.toml; `llmgw dev` "
+                   "writes one in its state folder)")
     p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                    **(d or {"default": DEFAULT_TIMEOUT}),
                    help=f"how long to wait for the server (default {DEFAULT_TIMEOUT:g})")
@@ -190,7 +195,8 @@ Ask = Callable[[Op], Awaitable[Any]]
 
 
 def asker(args: argparse.Namespace) -> Ask:
-    settings = resolve(",".join(args.server) if args.server else None, args.key, args.server_key)
+    settings = resolve(",".join(args.server) if args.server else None, args.key, args.server_key,
+                       config=args.config)
     servers = servers_of(settings)
 
     async def ask(op: Op) -> Any:

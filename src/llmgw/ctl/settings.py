@@ -1,5 +1,6 @@
-"""Where ctl finds the server and its keys: flags, then environment, then
-~/.config/llmgw/ctl.toml."""
+"""Where ctl finds the server and its keys: flags, then environment, then a ctl.toml:
+the one --config or LLMGW_CTL_CONFIG names (which must exist), else
+~/.config/llmgw/ctl.toml (if it exists)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from attrs import frozen
 from llmgw.errors import ConfigError, UsageError
 
 ENV = {"server": "LLMGW_SERVER", "key": "LLMGW_CTL_KEY", "server_key": "LLMGW_SERVER_KEY"}
+CONFIG_ENV = "LLMGW_CTL_CONFIG"
 
 
 @frozen
@@ -24,6 +26,15 @@ class CtlSettings:
 def default_file() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "llmgw" / "ctl.toml"
+
+
+def settings_file(config: str | None) -> tuple[Path, str]:
+    """The ctl.toml to read and who named it ("" for the default, which may be absent)."""
+    if config:
+        return Path(config), "--config"
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV]), CONFIG_ENV
+    return default_file(), ""
 
 
 def _file_values(path: Path) -> dict[str, str]:
@@ -48,11 +59,20 @@ def servers_of(settings: CtlSettings) -> list[str]:
 
 
 def resolve(
-    server: str | None, key: str | None, server_key: str | None, file: Path | None = None
+    server: str | None,
+    key: str | None,
+    server_key: str | None,
+    file: Path | None = None,
+    *,
+    config: str | None = None,
 ) -> CtlSettings:
-    """Each setting from the first of: its flag, its environment variable, the file.
-    Server addresses are checked here, naming where the bad one came from."""
-    path = file or default_file()
+    """Each setting from the first of: its flag, its environment variable, the file
+    (`file`, else settings_file(config)). Server addresses are checked here, naming where
+    the bad one came from."""
+    path, named_by = (file, "") if file else settings_file(config)
+    if named_by and not path.is_file():
+        # Named on purpose, so its absence is a mistake (the default file is optional).
+        raise UsageError(f"{named_by} {path}: no such file")
     flags = {"server": server, "key": key, "server_key": server_key}
     from_file = _file_values(path)
     chosen: dict[str, str] = {}
