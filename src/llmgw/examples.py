@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from attrs import frozen
 
-from llmgw.errors import LlmgwError, UsageError
+from llmgw.errors import EXIT_USAGE, LlmgwError, UsageError
 
 DIST = "llmgw"
 SHARE = PurePosixPath("share") / "llmgw"
@@ -54,7 +54,10 @@ BY_NAME = {e.name: e for e in EXAMPLES}
 
 
 class ExampleMissingError(LlmgwError):
-    """The installed package lacks a file it should have shipped: a broken install."""
+    """The installed package lacks a file it should have shipped: a broken install, to
+    repair on this machine (exit 2, as a configuration to fix is)."""
+
+    exit_code = EXIT_USAGE
 
 
 def _source_tree() -> Path | None:
