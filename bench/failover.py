@@ -1,0 +1,279 @@
+"""Failover figures (issue 14): two `llmgw server` processes on one PostgreSQL database and
+N simulated agents that follow the leader as the real agent does; the leader is SIGKILLed
+and the bench times how long until a standby leads and until every agent is welcomed by it.
+
+    .venv/bin/python bench/failover.py                        # 1,000 agents, 10 s lease, 5 s heartbeat
+    .venv/bin/python bench/failover.py --nodes 1000 --lease 3 --interval 1 --json fo.json
+
+PostgreSQL is Debian's (tests/fakes/postgres.py starts a throwaway cluster; as root it runs
+as the `postgres` user). Each simulated agent is a real CURVE DEALER socket that behaves
+as agent/link.py does: Hello answered within 3 heartbeat intervals or a new socket; a
+standby's NotLeader sends it to the leader named (transport/follow.py's Follower, the same
+class the agent uses); three silent intervals or HelloFirst end a session; reconnects
+after the agent's jittered backoff (1 s base, 30 s cap).
+
+Printed: `lead_s` (SIGKILL → the standby's log says it leads), `all_back_s` (SIGKILL →
+every agent welcomed by the new leader), and the parts of the latter: the lease wait and
+the agents' own silence detection (3 intervals) plus backoff. A figure, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MAX_RUN = 600.0  # no worker outlives this
+LEADING = re.compile(rb"leading with epoch (\d+)")
+
+
+async def _worker(servers: list[str], server_key: str, secrets: list[str], interval: float,
+                  meet: Path, index: int) -> dict[str, Any]:
+    import trio
+    import zmq
+
+    from llmgw import PROTOCOL_VERSION
+    from llmgw.agent.backoff import backoff_delay
+    from llmgw.model.inventory import Inventory, NodeInfo
+    from llmgw.transport import codec
+    from llmgw.transport.dealer import connect
+    from llmgw.transport.follow import Follower
+    from llmgw.transport.keys import load_pair, load_public
+    from llmgw.transport.messages import Heartbeat, Hello, HelloFirst, NotLeader, Welcome
+
+    ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+    ctx.set(zmq.MAX_SOCKETS, 65536)
+    server_public = load_public(server_key)
+    stop, killed = meet / "stop", meet / "killed"
+    welcomed_by: dict[str, str] = {}  # identity -> the address that last welcomed it
+
+    async def handshake(conn: Any, hello: bytes, follower: Follower) -> bool:
+        with trio.move_on_after(max(3 * interval, 1.0)):
+            # With no connection up, the send itself waits: it shares the bound (as in link.py).
+            await conn.send(hello)
+            while True:
+                msg = codec.decode(await conn.recv())
+                if isinstance(msg, Welcome):
+                    follower.connected()
+                    return True
+                if isinstance(msg, NotLeader):
+                    follower.redirected(msg.leader)
+                    return False
+        return False
+
+    async def beat(conn: Any, follower: Follower) -> None:
+        async def sender() -> None:
+            seq = 0
+            while True:
+                seq += 1
+                await conn.send(codec.encode(Heartbeat(seq)))
+                await trio.sleep(interval)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            while not stop.exists():
+                with trio.move_on_after(3 * interval) as silent:
+                    msg = codec.decode(await conn.recv())
+                if silent.cancelled_caught or isinstance(msg, HelloFirst):
+                    break
+                if isinstance(msg, NotLeader):
+                    follower.redirected(msg.leader)
+                    break
+            nursery.cancel_scope.cancel()
+
+    async def agent(secret: str) -> None:
+        pair = load_pair(secret)
+        follower = Follower(servers)
+        hello = codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(pair.identity, "127.0.0.1"), Inventory()))
+        attempt = 0
+        while not stop.exists():
+            address = follower.pick()
+            async with connect(ctx, address, pair, server_public) as conn:
+                if await handshake(conn, hello, follower):
+                    attempt = 0
+                    welcomed_by[pair.identity] = address
+                    await beat(conn, follower)
+            if stop.exists():
+                break
+            await trio.sleep(backoff_delay(attempt, 1.0, 30.0, random.random()))
+            attempt += 1
+
+    async def progress() -> None:
+        while True:
+            counts: dict[str, int] = {}
+            for address in welcomed_by.values():
+                counts[address] = counts.get(address, 0) + 1
+            (meet / f"progress-{index}.json").write_text(json.dumps(counts))
+            await trio.sleep(0.1 if killed.exists() else 0.5)
+
+    with trio.move_on_after(MAX_RUN):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(progress)
+            async with trio.open_nursery() as agents:
+                for s in secrets:
+                    agents.start_soon(agent, s)
+            nursery.cancel_scope.cancel()
+    ctx.destroy(linger=0)
+    return {"agents": len(secrets)}
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    import trio
+    from control_plane import _raise_fd_limit  # type: ignore[import-not-found]
+
+    _raise_fd_limit()
+    secrets = Path(args.secrets).read_text().split()
+    print(json.dumps(trio.run(_worker, args.servers.split(","), args.server_key, secrets,
+                              args.interval, Path(args.meet), args.index)))
+
+
+def _welcomed_by(meet: Path) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for f in meet.glob("progress-*.json"):
+        try:
+            counts = json.loads(f.read_text() or "{}")
+        except (OSError, ValueError):
+            continue  # being written this instant
+        for address, count in counts.items():
+            total[address] = total.get(address, 0) + count
+    return total
+
+
+def _leads(log: Path) -> bool:
+    return LEADING.search(log.read_bytes()) is not None
+
+
+def _start_server(root: Path, config: Path, log_name: str) -> subprocess.Popen[bytes]:
+    from control_plane import _raise_fd_limit  # type: ignore[import-not-found]
+
+    log_path = root / log_name
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config", str(config)],
+                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=_raise_fd_limit)
+    t0 = time.monotonic()
+    while b"standby on" not in log_path.read_bytes():
+        if server.poll() is not None or time.monotonic() - t0 > 60:
+            raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return server
+
+
+def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, float]:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from control_plane import _raise_fd_limit, _stop  # type: ignore[import-not-found]
+
+    from fakes.engines import free_port  # type: ignore[import-not-found]
+    from fakes.postgres import PgServer, pg_bin  # type: ignore[import-not-found]
+    from llmgw.transport import keys
+
+    bin_dir = pg_bin()
+    if bin_dir is None:
+        raise SystemExit("needs PostgreSQL's server programs: apt-get install postgresql")
+    pg = PgServer(bin_dir)  # initdb and start
+    with tempfile.TemporaryDirectory(prefix="llmgw-failover-") as tmp:
+        root = Path(tmp)
+        meet = root / "meet"
+        meet.mkdir()
+        kd = root / "keys"
+        keys.init_keys(str(kd))
+        names = [f"n{i:05d}" for i in range(n)]
+        for name in names:
+            keys.issue_key(str(kd), "node", name)
+        url = pg.new_database()
+        addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+        configs = []
+        for i, address in enumerate(addresses):
+            config = root / f"server-{i}.toml"
+            config.write_text(
+                f'bind = "{address}"\nkeys_dir = "{kd}"\nstate_dir = "{root / f"state-{i}"}"\n'
+                f'heartbeat_interval = "{interval}s"\nmetrics_bind = ""\n'
+                f'[store]\nurl = "{url}"\nlease = "{lease}s"\n')
+            config.chmod(0o600)
+            configs.append(config)
+        servers: list[subprocess.Popen[bytes]] = []
+        workers: list[subprocess.Popen[bytes]] = []
+        try:
+            # The first leads (it starts alone and wins the empty lease); the second waits.
+            servers.append(_start_server(root, configs[0], "server-0.log"))
+            t0 = time.monotonic()
+            while not _leads(root / "server-0.log") and time.monotonic() - t0 < 60:
+                time.sleep(0.05)
+            servers.append(_start_server(root, configs[1], "server-1.log"))
+            for i in range(0, n, per_worker):
+                sf = root / f"secrets-{i}"
+                sf.write_text("\n".join(str(kd / f"{nm}.key_secret") for nm in names[i:i + per_worker]))
+                workers.append(subprocess.Popen(
+                    [sys.executable, __file__, "--worker", "--servers", ",".join(addresses),
+                     "--server-key", str(kd / "server.key"), "--secrets", str(sf),
+                     "--interval", str(interval), "--meet", str(meet), "--index", str(i)],
+                    stdout=subprocess.PIPE, preexec_fn=_raise_fd_limit))
+            t0 = time.monotonic()
+            while _welcomed_by(meet).get(addresses[0], 0) < n and time.monotonic() - t0 < 300:
+                time.sleep(0.2)
+            connected = _welcomed_by(meet).get(addresses[0], 0)
+            print(f"  {connected} of {n} agents with the leader in {time.monotonic() - t0:.0f}s",
+                  file=sys.stderr)
+            time.sleep(2 * interval)  # every agent into its heartbeat rhythm
+            servers[0].kill()
+            t_kill = time.monotonic()
+            (meet / "killed").touch()
+            lead_s = all_back_s = float("nan")
+            while time.monotonic() - t_kill < 120:
+                now = time.monotonic() - t_kill
+                if lead_s != lead_s and _leads(root / "server-1.log"):
+                    lead_s = now
+                if _welcomed_by(meet).get(addresses[1], 0) >= connected:
+                    all_back_s = now
+                    break
+                time.sleep(0.05)
+            back = _welcomed_by(meet).get(addresses[1], 0)
+            print(f"  leader SIGKILLed: the standby led after {lead_s:.2f}s, {back} of {connected} "
+                  f"agents with it after {all_back_s:.2f}s", file=sys.stderr)
+            (meet / "stop").touch()
+            for w in workers:
+                w.communicate(timeout=60)
+        finally:
+            (meet / "stop").touch()
+            for p in [*workers, *servers]:
+                _stop(p)
+            pg.close()
+    return {"nodes": n, "lease_s": lease, "heartbeat_s": interval, "lead_s": lead_s,
+            "all_back_s": all_back_s, "agents_back": back}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1000, help="simulated agents")
+    p.add_argument("--lease", type=float, default=10.0, help="the servers' lease, seconds")
+    p.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
+    p.add_argument("--per-worker", type=int, default=500, help="agents per worker process")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as one JSON object")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--servers", help=argparse.SUPPRESS)
+    p.add_argument("--server-key", help=argparse.SUPPRESS)
+    p.add_argument("--secrets", help=argparse.SUPPRESS)
+    p.add_argument("--meet", help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sys.path.insert(0, str(HERE))
+    if args.worker:
+        worker_main(args)
+        return
+    r = run(args.nodes, args.lease, args.interval, args.per_worker)
+    print(f"{'agents':>7} {'lease':>6} {'heartbeat':>9} {'standby leads':>14} {'all agents back':>16}")
+    print(f"{r['nodes']:>7} {r['lease_s']:>5g}s {r['heartbeat_s']:>8g}s {r['lead_s']:>13.2f}s "
+          f"{r['all_back_s']:>15.2f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
