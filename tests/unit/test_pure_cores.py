@@ -12,6 +12,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 FORBIDDEN = {"trio", "zmq", "os", "time", "socket", "subprocess", "threading", "asyncio"}
 PURE = [
     "llmgw.server.placement",
+    "llmgw.server.cluster_view",
+    "llmgw.server.reconcile_state",
     "llmgw.server.reconcile",
     "llmgw.server.reconcile_pass",
     "llmgw.server.rollout",

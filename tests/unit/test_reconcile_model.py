@@ -6,6 +6,12 @@ uncordon, drain), the nodes (ready, suspect, lost, back) and their agents (which
 exactly their desired set, and whose engines start, become ready, exit or turn
 unhealthy), and time. After every pass it checks what must always hold; `settle` then
 checks what must hold after quiet time with room enough.
+
+Passes run as the server runs them: incrementally, on one ReconcileState kept across
+passes and fed deltas (what changed of the nodes, their reports and the deployments).
+After each, a full pass from a snapshot of the same inputs must change nothing (so the
+incremental pass missed nothing a full one would have done), and the state's index and
+maps must equal those built from scratch.
 """
 
 from __future__ import annotations
@@ -23,8 +29,15 @@ from fakes.cluster import node
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.node import NodeState
-from llmgw.server.placement import NodeView
-from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
+from llmgw.server.placement import ClusterView, NodeView
+from llmgw.server.reconcile import (
+    NodeDelta,
+    ReconcileSettings,
+    ReconcileState,
+    desired_sets,
+    reconcile,
+    reconcile_dirty,
+)
 
 S = ReplicaState
 NODES = ("a", "b")
@@ -53,17 +66,32 @@ class Cluster(RuleBasedStateMachine):
         # a spec change that has no room to surge), and the count before it.
         self.may_drop = False
         self.ready_before: dict[str, int] = {}
+        # The server's side: one state across passes, and what it was last told.
+        self.state = ReconcileState(stable_after=SETTINGS.stable_after)
+        self.told_nodes: dict[str, NodeDelta] = {}
+        self.told_deps: dict[str, Deployment] = {}
 
     # ---- the pass, and the agents following their desired sets ----
 
+    def tell(self) -> None:
+        """Deltas, as the orchestrator sends them: only what changed since last told."""
+        for n, v in self.views.items():
+            delta = NodeDelta(n, v, tuple(EngineReport(rid, gen, st)
+                                          for (rid, gen), st in sorted(self.engines[n].items())))
+            if self.told_nodes.get(n) != delta:
+                self.state.node(delta)
+                self.told_nodes[n] = delta
+        for name in self.deps.keys() | self.told_deps.keys():
+            if self.deps.get(name) != self.told_deps.get(name):
+                self.state.deployment_changed(name)
+        self.told_deps = dict(self.deps)
+
     def run_pass(self) -> None:
-        reports = {
-            n: [EngineReport(rid, gen, st) for (rid, gen), st in self.engines[n].items()]
-            for n, v in self.views.items() if v.state == NodeState.READY
-        }
-        res = reconcile(self.deps, self.replicas, self.views, reports, self.now, SETTINGS, self.floor)
+        self.tell()
+        res = reconcile_dirty(self.state, self.deps, self.now, SETTINGS, self.floor)
         assert res.generation_floor >= self.floor
         self.replicas, self.floor, self.pending = res.replicas, res.generation_floor, res.pending
+        self.check_state()
         sets = desired_sets(self.replicas.values(), NODES)
         for n in NODES:
             if self.views[n].state == NodeState.LOST:
@@ -72,6 +100,22 @@ class Cluster(RuleBasedStateMachine):
             self.engines[n] = {k: st for k, st in self.engines[n].items() if k in wanted}
             for k in wanted:
                 self.engines[n].setdefault(k, EngineState.STARTING)
+
+    def check_state(self) -> None:
+        """A full pass over the same inputs changes nothing; the state is as if fresh."""
+        reports = {n: d.reports for n, d in self.told_nodes.items()}
+        full = reconcile(self.deps, self.replicas, self.views, reports, self.now, SETTINGS, self.floor)
+        diff = [(full.replicas.get(rid), self.replicas.get(rid))
+                for rid in sorted(full.replicas.keys() | self.replicas.keys())
+                if full.replicas.get(rid) != self.replicas.get(rid)]
+        assert not diff, diff
+        fresh = ReconcileState(self.views, self.replicas, reports, stable_after=SETTINGS.stable_after)
+        for attr in ("on_node", "of_deployment", "unplaced", "timed", "silent", "replicas"):
+            assert getattr(self.state, attr) == getattr(fresh, attr), attr
+        if self.state.indexed:
+            assert self.state.view(self.replicas).content() == fresh.view(self.replicas).content()
+        else:
+            ClusterView(self.views)  # nothing to compare: it is built on first need
 
     def ready_counts(self) -> dict[str, int]:
         return dict(Counter(r.deployment for r in self.replicas.values() if r.state == S.READY))

@@ -25,6 +25,14 @@ Every change of a replica's state goes through the lifecycle table (replica_stat
 
 Generations are issued from one counter (`generation_floor` in, out) so they never
 repeat, not even for a replica id that was deleted and made again.
+
+Two ways in. `reconcile` takes a snapshot and looks at everything (tests, tools).
+`reconcile_dirty` takes a ReconcileState kept across passes (the orchestrator's) and
+looks only at what changed since the last pass: the replicas on dirty nodes, of dirty
+deployments, marked themselves, or whose timer is due, plus those waiting for room;
+then it rolls only the deployments of what it looked at. A replica that nothing touched
+would come out of its rules unchanged, so the result is the same as a full pass's; a
+pass with nothing dirty and nothing due returns at once.
 """
 
 from __future__ import annotations
@@ -39,12 +47,14 @@ from llmgw.model.node import NodeState
 
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
+from .reconcile_state import NodeDelta, ReconcileState
 from .replica_states import ReplicaEvent
 from .rollout import roll_deployment
 
 DEFAULT_SETTINGS = ReconcileSettings()
 
-__all__ = ["Event", "ReconcileResult", "ReconcileSettings", "desired_sets", "reconcile"]
+__all__ = ["Event", "NodeDelta", "ReconcileResult", "ReconcileSettings", "ReconcileState",
+           "desired_sets", "reconcile", "reconcile_dirty"]
 
 S = ReplicaState
 E = ReplicaEvent
@@ -57,8 +67,9 @@ class ReconcileResult:
     changed_nodes: frozenset[str] = frozenset()  # desired set differs from before
     holding: str = ""  # the mass-loss guard's message; empty when not holding
     generation_floor: int = 0  # persist and pass back in
-    next_wake: float | None = None  # earliest backoff end: run a pass then
+    next_wake: float | None = None  # earliest backoff end (or other timer): run a pass then
     pending: dict[str, str] = field(factory=dict)  # replica id -> why not placed
+    changed: frozenset[str] = frozenset()  # replica ids this pass changed, added or removed
 
 
 def reconcile(
@@ -70,46 +81,111 @@ def reconcile(
     settings: ReconcileSettings = DEFAULT_SETTINGS,
     generation_floor: int = 0,
 ) -> ReconcileResult:
-    """One pass. `reports`: node id -> that node's latest engine reports."""
-    p = Pass(nodes, replicas, now, settings, generation_floor)
-    holding = _mass_loss(nodes, now, settings)
-    by_key: dict[tuple[str, str, int], EngineReport] = {}
-    for node_id, rs in reports.items():
-        for rep in rs:
-            by_key[(node_id, rep.replica_id, rep.generation)] = rep
+    """One pass over everything. `reports`: node id -> that node's latest engine reports."""
+    state = ReconcileState(nodes, replicas, reports, stable_after=settings.stable_after)
+    return reconcile_dirty(state, deployments, now, settings, generation_floor)
 
-    for rid in sorted(replicas):
-        r = p.work[rid]
-        d = deployments.get(r.deployment)
-        if d is None:
-            p.drop(r, "deployment deleted: stopped")
-            continue
-        _observe(p, r, by_key, holding)
 
-    for name in sorted(deployments):
-        roll_deployment(p, deployments[name])
+def reconcile_dirty(
+    state: ReconcileState,
+    deployments: Mapping[str, Deployment],
+    now: float,
+    settings: ReconcileSettings = DEFAULT_SETTINGS,
+    generation_floor: int = 0,
+) -> ReconcileResult:
+    """One pass over what changed since the last; `state` comes out current and clean.
+    `state` was made with this `settings.stable_after`."""
+    holding = _mass_loss(state, now, settings)
+    if holding != state.holding:
+        state.mark_everything()  # held replicas are let go, or hold with a new count
+    replicas = state.replicas
+    if state.is_clean(now):
+        return ReconcileResult(
+            replicas=replicas, holding=holding, generation_floor=max(generation_floor, state.top_generation),
+            next_wake=_next_wake(state, holding, now, settings), pending=state.pending())
+
+    if state.everything:
+        ids: Iterable[str] = replicas
+        rolled = set(deployments)
+    else:
+        todo = state.dirty_replicas | state.unplaced
+        todo.update(state.due(now))
+        for n in state.dirty_nodes:
+            todo.update(state.on_node.get(n, ()))
+        for name in state.dirty_deployments:
+            todo.update(state.of_deployment.get(name, ()))
+        ids = (rid for rid in todo if rid in replicas)
+        rolled = {name for name in state.dirty_deployments if name in deployments}
+    p = Pass(state, now, settings, generation_floor)
+    for _ in range(_ROUNDS):
+        for rid in sorted(ids):
+            r = p.work[rid]
+            d = deployments.get(r.deployment)
+            if d is None:
+                p.drop(r, "deployment deleted: stopped")
+                continue
+            rolled.add(r.deployment)
+            _observe(p, r, holding)
+        grown = _grown(state)
+        for name in sorted(rolled):
+            roll_deployment(p, deployments[name])
+        if _grown(state) == grown:
+            break
+        # Room the rollout freed (a scale-down, a replacement that took over) goes to
+        # what waits for room in this pass, not at the next event; then their
+        # deployments roll again (a drain that was stuck moves on).
+        ids = [rid for rid in p.touched | state.unplaced if _waits_for_room(p.work.get(rid))]
+        rolled = set()
+        if not ids:
+            break
 
     new = p.work
-    changed = _changed_nodes(replicas, new)
-    waits = [r.backoff_until for r in new.values() if r.state in (S.BACKOFF, S.CRASH_LOOPING)]
+    changed = {rid for rid in p.touched if replicas.get(rid) is not new.get(rid)}
+    for rid in changed:
+        state.track(rid, replicas.get(rid), new.get(rid))
+    state.replicas = new
+    state.holding = holding
+    state.clean()
     return ReconcileResult(
         replicas=new,
         events=tuple(p.events),
-        changed_nodes=changed,
+        changed_nodes=_changed_nodes(replicas, new, changed),
         holding=holding,
         generation_floor=p.floor,
-        next_wake=min(waits) if waits else None,
-        pending={r.id: r.reason for r in new.values() if r.state == S.PENDING},
+        next_wake=_next_wake(state, holding, now, settings),
+        pending=state.pending(),
+        changed=frozenset(changed),
     )
 
 
-def _changed_nodes(old: Mapping[str, Replica], new: Mapping[str, Replica]) -> frozenset[str]:
-    """Nodes whose desired set differs; looks only at replicas that changed."""
+_ROUNDS = 3  # observe-and-roll rounds in one pass, while the rollout frees room
+
+
+def _grown(state: ReconcileState) -> int:
+    return state.view({}).grown if state.indexed else -1
+
+
+def _waits_for_room(r: Replica | None) -> bool:
+    return r is not None and not r.placed and r.state not in (S.BACKOFF, S.CRASH_LOOPING)
+
+
+def _next_wake(state: ReconcileState, holding: str, now: float, s: ReconcileSettings) -> float | None:
+    """When time alone changes something: a backoff ends, a failure count is forgotten,
+    or (while holding) a silent node stops counting towards the mass-loss guard."""
+    waits = [t for t in state.timed.values() if t > now]
+    if holding:
+        window = 2 * s.grace_period
+        waits += [t + window for t in state.silent.values() if t is not None and t + window >= now]
+    return min(waits) if waits else None
+
+
+def _changed_nodes(
+    old: Mapping[str, Replica], new: Mapping[str, Replica], ids: Iterable[str]
+) -> frozenset[str]:
+    """Nodes whose desired set differs; looks only at the replicas `ids` that changed."""
     out: set[str] = set()
-    for rid in old.keys() | new.keys():
+    for rid in ids:
         a, b = old.get(rid), new.get(rid)
-        if a is b:
-            continue
         sa = a.engine_specs() if a is not None and a.wants_engines else ()
         sb = b.engine_specs() if b is not None and b.wants_engines else ()
         if sa != sb:
@@ -121,27 +197,22 @@ def _nodes_of(r: Replica | None, specs: tuple[EngineSpec, ...]) -> list[tuple[st
     return [] if r is None else list(zip((m.node_id for m in r.members), specs, strict=False))
 
 
-def _mass_loss(nodes: Mapping[str, NodeView], now: float, s: ReconcileSettings) -> str:
+def _mass_loss(state: ReconcileState, now: float, s: ReconcileSettings) -> str:
     """The guard's message when too many nodes went silent within one grace period."""
-    if not nodes:
+    total = len(state.nodes)
+    if not total:
         return ""
     window = 2 * s.grace_period  # silent for up to one grace period before being lost
-    silent = sum(
-        1
-        for v in nodes.values()
-        if v.state != NodeState.READY and (v.silent_since is None or v.silent_since >= now - window)
-    )
-    if silent >= s.mass_loss_min_nodes and silent / len(nodes) > s.mass_loss_share:
+    silent = sum(1 for since in state.silent.values() if since is None or since >= now - window)
+    if silent >= s.mass_loss_min_nodes and silent / total > s.mass_loss_share:
         return (
-            f"holding: {silent} of {len(nodes)} nodes silent, suspecting the server's own "
+            f"holding: {silent} of {total} nodes silent, suspecting the server's own "
             "network; no replica is placed again until they return or an operator acts"
         )
     return ""
 
 
-def _observe(
-    p: Pass, r: Replica, by_key: Mapping[tuple[str, str, int], EngineReport], holding: str
-) -> None:
+def _observe(p: Pass, r: Replica, holding: str) -> None:
     """Update one replica from its nodes and engine reports."""
     s = p.settings
     if r.state in (S.BACKOFF, S.CRASH_LOOPING):
@@ -172,7 +243,7 @@ def _observe(
         if p.node_state(m.node_id) != NodeState.READY:
             states.append(None)  # suspect: no news is not bad news
             continue
-        rep = by_key.get((m.node_id, r.id, r.generation))
+        rep = p.state.report(m.node_id, r.id, r.generation)
         if rep is not None and rep.state in (EngineState.EXITED, EngineState.FAILED):
             failed = failed or rep
         states.append(rep.state if rep else EngineState.STARTING)
@@ -180,7 +251,7 @@ def _observe(
         # Not the engine's fault: another process holds its port. Placed again at once,
         # with no backoff and no restart counted; placement avoids the node's blocked ports.
         node_id = next(m.node_id for m in r.members
-                       if by_key.get((m.node_id, r.id, r.generation)) is failed)
+                       if p.state.report(m.node_id, r.id, r.generation) is failed)
         p.event(r, f"port {failed.conflict_port} on {node_id} is taken ({failed.reason}): placing again")
         p.place(p.unplace(r))
         return

@@ -1,18 +1,18 @@
 """One reconcile pass's working state: the replicas as they change, the cluster view
-placement reserves from, the events, the generation counter. Shared by reconcile.py and
-rollout.py (the per-deployment steps); never escapes a pass.
+placement reserves from (the ReconcileState's, kept across passes), the events, the
+generation counter, the replicas it touched. Shared by reconcile.py and rollout.py (the
+per-deployment steps); never escapes a pass.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from attrs import evolve, frozen
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.node import NodeState
 
-from .placement import ClusterView, NodeView, Placement, Unschedulable, place
+from .placement import ClusterView, Placement, place
+from .reconcile_state import ReconcileState
 from .replica_states import ReplicaEvent, next_state
 
 S = ReplicaState
@@ -42,32 +42,29 @@ class Event:
 class Pass:
     """One reconcile pass's working state (local to reconcile(); never escapes)."""
 
-    def __init__(
-        self,
-        nodes: Mapping[str, NodeView],
-        replicas: Mapping[str, Replica],
-        now: float,
-        settings: ReconcileSettings,
-        floor: int,
-    ) -> None:
-        self.nodes = nodes
+    def __init__(self, state: ReconcileState, now: float, settings: ReconcileSettings,
+                 floor: int) -> None:
+        self.state = state
+        self.nodes = state.nodes
         self.now = now
         self.settings = settings
-        self.work: dict[str, Replica] = dict(replicas)
-        self.floor = max([floor, *(r.generation for r in replicas.values())])
+        self.work: dict[str, Replica] = dict(state.replicas)
+        self.floor = max(floor, state.top_generation)
         self.events: list[Event] = []
-        self._view: ClusterView | None = None
-        # Specs that found no room this pass; valid until something is released.
-        self._no_room: dict[tuple[str, frozenset[str]], Unschedulable] = {}
+        self.touched: set[str] = set()  # replica ids put or dropped
+        self._mine: dict[str, set[str]] = {}  # deployment -> its replica ids, as they change
 
     @property
     def view(self) -> ClusterView:
-        """Built on first need (a steady pass places nothing), from the replicas as they are."""
-        if self._view is None:
-            self._view = ClusterView(self.nodes)
-            for r in self.work.values():
-                self._view.reserve(r.members)
-        return self._view
+        """The state's index (built on first need: a steady pass places nothing)."""
+        return self.state.view(self.work)
+
+    def mine(self, deployment: str) -> list[Replica]:
+        """The deployment's replicas as they are now, by index."""
+        ids = self._mine.get(deployment)
+        if ids is None:
+            ids = self._mine[deployment] = set(self.state.of_deployment.get(deployment, ()))
+        return sorted((self.work[rid] for rid in ids), key=lambda r: r.index)
 
     def gen(self) -> int:
         self.floor += 1
@@ -78,6 +75,10 @@ class Pass:
 
     def put(self, r: Replica) -> Replica:
         self.work[r.id] = r
+        self.touched.add(r.id)
+        mine = self._mine.get(r.deployment)
+        if mine is not None:
+            mine.add(r.id)
         return r
 
     def to(self, r: Replica, event: ReplicaEvent, **changes: object) -> Replica:
@@ -85,19 +86,17 @@ class Pass:
         return self.put(evolve(r, state=next_state(r.state, event), **changes))  # type: ignore[arg-type]
 
     def drop(self, r: Replica, why: str) -> None:
-        if self._view is not None:
-            self._view.release(r.members)
-        if r.members:
-            self._no_room.clear()
+        if self.state.indexed:
+            self.view.release(r.members)
         self.work.pop(r.id, None)
+        self.touched.add(r.id)
+        self._mine.get(r.deployment, set()).discard(r.id)
         self.event(r, why)
 
     def release(self, r: Replica) -> Replica:
         """Take `r` off its nodes; its state is the caller's to set."""
-        if self._view is not None:
-            self._view.release(r.members)
-        if r.members:
-            self._no_room.clear()
+        if self.state.indexed:
+            self.view.release(r.members)
         return self.put(evolve(r, members=(), fabric=""))
 
     def unplace(self, r: Replica) -> Replica:
@@ -107,13 +106,16 @@ class Pass:
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
         """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
         key = (r.spec.template_hash(), exclude)
-        result = self._no_room.get(key) or place(r.spec, self.view, exclude=exclude)
+        view = self.view
+        # A spec that found no room needs no second look until room may have grown.
+        cached = self.state.no_room.get(key)
+        result = cached[1] if cached and cached[0] == view.grown else place(r.spec, view, exclude=exclude)
         if not isinstance(result, Placement):
-            self._no_room[key] = result
+            self.state.no_room[key] = (view.grown, result)
             if r.reason != result.reason:
                 self.event(r, f"unschedulable: {result.reason}")
             return self.to(r, E.NO_ROOM, reason=result.reason)
-        self.view.reserve(result.members)
+        view.reserve(result.members)
         placed = self.to(
             r,
             E.PLACED,
@@ -129,7 +131,7 @@ class Pass:
         return placed
 
     def new_replica(self, d: Deployment, replaces: str = "") -> Replica:
-        used = {r.index for r in self.work.values() if r.deployment == d.name}
+        used = {r.index for r in self.mine(d.name)}
         index = next(i for i in range(len(used) + 1) if i not in used)
         r = Replica(id=replica_id(d.name, index), deployment=d.name, index=index, spec=d)
         r = evolve(r, replaces=replaces)

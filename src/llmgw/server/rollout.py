@@ -27,7 +27,7 @@ def roll_deployment(p: Pass, d: Deployment) -> None:
 
 
 def _mine(p: Pass, d: Deployment) -> list[Replica]:
-    return sorted((r for r in p.work.values() if r.deployment == d.name), key=lambda r: r.index)
+    return p.mine(d.name)
 
 
 def _settle_replacements(p: Pass, d: Deployment) -> None:
