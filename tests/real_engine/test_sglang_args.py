@@ -2,10 +2,10 @@
 sglang 0.5.23). SGLang cannot be installed whole here (its deps pull CUDA builds), but its
 parser imports without a GPU given torch and numpy from the vLLM venv:
 
-    python3 -m venv /tmp/sgl && /tmp/sgl/bin/pip install --no-deps sglang==0.5.23 orjson ipython
-    LLMGW_SGLANG_PATH=/tmp/sgl/lib/python3.11/site-packages LLMGW_VLLM_VENV=... pytest -m real_engine tests/real_engine/test_sglang_args.py
+    LLMGW_SGLANG_PATH=$(tests/real_engine/install_sglang_parser.sh) LLMGW_VLLM_VENV=... \
+        pytest -m real_engine tests/real_engine/test_sglang_args.py
 
-Skipped without LLMGW_SGLANG_PATH (not part of .ci/run yet)."""
+Skipped without LLMGW_SGLANG_PATH; with LLMGW_REQUIRE_REAL_ENGINE=1 (.ci/run) that fails."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangCon
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 
 pytestmark = pytest.mark.real_engine
+REQUIRE_ENV = "LLMGW_REQUIRE_REAL_ENGINE"  # as conftest.py: a skip here is then a failure
 HERE = Path(__file__).resolve().parent
 
 
@@ -43,7 +44,11 @@ def _argvs() -> dict[str, list[str]]:
 def parsed(vllm_venv: Path) -> dict[str, dict]:
     path = os.environ.get("LLMGW_SGLANG_PATH", "")
     if not path:
-        pytest.skip("SGLang parser check: set LLMGW_SGLANG_PATH (see this file's docstring)")
+        problem = ("SGLang parser check: set LLMGW_SGLANG_PATH="
+                   "$(tests/real_engine/install_sglang_parser.sh)")
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {problem}", pytrace=False)
+        pytest.skip(problem)
     argvs = _argvs()
     r = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "sglang_args_check.py")],
                        input=json.dumps(list(argvs.values())), capture_output=True, text=True,
