@@ -249,3 +249,19 @@ def test_ports_reported_in_conflict_are_kept_on_the_node_until_hello() -> None:
     assert set(cp.nodes["n1"].conflict_ports) == {20001, 20007}
     cp.handle(b"r", OLD, hello(), 2.0)
     assert cp.nodes["n1"].conflict_ports == {}
+
+
+def test_a_silent_node_heard_again_is_reported_back_once() -> None:
+    """No tick says a suspect node is ready again: the hook does, so that passes, which
+    look only at nodes they are told changed, see it."""
+    cp = ControlPlane(config=CONFIG, authorized=keyset(**{OLD: ("node", "n1")}))
+    back: list[tuple[str, float]] = []
+    cp.on_back = lambda node, now: back.append((node.node_id, now))
+    cp.handle(b"n", OLD, hello(), 0.0)
+    cp.handle(b"n", OLD, codec.encode(Heartbeat(1)), 1.0)
+    assert back == []  # ready all along
+    cp.tick(100.0)
+    assert cp.nodes["n1"].state != "ready"
+    cp.handle(b"n", OLD, codec.encode(Heartbeat(2)), 101.0)
+    cp.handle(b"n", OLD, codec.encode(Heartbeat(3)), 102.0)
+    assert back == [("n1", 101.0)]

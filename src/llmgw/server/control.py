@@ -133,6 +133,9 @@ class ControlPlane:
     clock_offset: float = 0.0
     # Called every tick with the nodes whose state changed (and their previous state).
     on_tick: Callable[[list[tuple[Node, NodeState]], float], list[Outgoing]] | None = None
+    # Called when a message from a suspect or lost node makes it ready again (no tick
+    # says so): the orchestrator's passes look only at nodes they are told changed.
+    on_back: Callable[[Node, float], None] | None = None
     pending_logs: dict[str, Callable[[LogsReply], None]] = field(factory=dict)
     # The replica ids a node is asked to run now (the orchestrator's desired sets).
     desired_ids: Callable[[str], Collection[str]] = lambda node_id: ()
@@ -268,6 +271,8 @@ class ControlPlane:
         node.routing_id = routing_id
         if before != node.state:
             log.info("node %s: %s -> %s", node.node_id, before, node.state)
+            if self.on_back is not None:
+                self.on_back(node, now)
 
     def _changed(self, node: Node, now: float, what: str) -> list[Outgoing]:
         return self.on_node_change(node, now, what) if self.on_node_change else []

@@ -5,6 +5,14 @@ Passes are coalesced: anything that may change the outcome (a node's Hello, an e
 report, a node's state, a ctl change, a backoff ending) marks the plan dirty, and one
 task runs the next pass, persists its result, then sends every node whose desired set
 changed its whole new set. A node that says Hello always gets its set, changed or not.
+
+Passes cost what changed (reconcile_state.py): one ReconcileState, with the placement
+index, lives across passes. The trio side only collects which nodes and deployments
+changed; at the start of a pass it turns the dirty nodes into NodeDeltas, and the worker
+thread applies them to the state and runs the pass on it. The state is touched only by
+that one thread, one pass at a time (the loop below awaits each pass before the next),
+and read here only between passes. A pass that fails drops the state: the next one
+builds it afresh from a full snapshot.
 """
 
 from __future__ import annotations
@@ -27,7 +35,14 @@ from llmgw.model.node import NodeState
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
 from llmgw.server.rebuild import adoptable, rebuild
-from llmgw.server.reconcile import ReconcileSettings, desired_sets, reconcile
+from llmgw.server.reconcile import (
+    NodeDelta,
+    ReconcileResult,
+    ReconcileSettings,
+    ReconcileState,
+    desired_sets,
+    reconcile_dirty,
+)
 from llmgw.server.status import (
     deployment_rows,
     describe_deployment,
@@ -86,6 +101,13 @@ class Orchestrator:
         self._endpoints: dict[str, Any] = {}
         self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
+        # What reconcile keeps between passes (None: build it from a snapshot), and what
+        # changed since the last pass, collected here on the trio side.
+        self.rstate: ReconcileState | None = None
+        self._dirty_nodes: set[str] = set()
+        self._dirty_deployments: set[str] = set()
+        self._adopted: dict[str, Replica] = {}
+        self.changed: frozenset[str] = frozenset()  # replica ids the last pass changed
         self.failed_passes = 0
         # Called after each pass with its wall time and the replicas before and after
         # (the metrics); and the newest event of each replica, for the status document.
@@ -105,6 +127,7 @@ class Orchestrator:
         cp.lost_not_before = now + config.restart_grace
         cp.on_node_change = self._node_changed
         cp.on_tick = self._ticked
+        cp.on_back = self._node_back
         cp.desired_ids = self.desired_ids
         cp.ops.update({
             StatusOp: (ADMIN, self.op_status),
@@ -126,13 +149,18 @@ class Orchestrator:
         hello = what == "hello"
         if what in ("hello", "inventory"):
             self.store_later(node)
-        self.mark_dirty()
+        self.mark_node(node.node_id)
         if hello:
             if any(adoptable(r, self.replicas, self.floor, self.state_id) for r in node.engines.values()):
                 self.adopt_from.add(node.node_id)
                 return []
             return [self._set_for(node)]
         return []
+
+    def _node_back(self, node: Node, now: float) -> None:
+        """A silent node was heard again (its state is ready once more)."""
+        node.silent_since = None
+        self.mark_node(node.node_id)
 
     def _set_for(self, node: Node) -> Outgoing:
         return (node.routing_id, DesiredSet(self._next_set_generation(), self.sets.get(node.node_id, ())))
@@ -146,6 +174,8 @@ class Orchestrator:
                       {n: node.info.mgmt_addr for n, node in asking.items()},
                       self.floor, now, frozenset(self.rebuilt), self.state_id)
         changed = [d for name, d in res.deployments.items() if self.deployments.get(name) != d]
+        self._dirty_deployments.update(d.name for d in changed)
+        self._adopted.update((rid, res.replicas[rid]) for rid in res.adopted)
         for d in changed:
             await trio.to_thread.run_sync(self.store.put_deployment, d, now)
         self.rebuilt.update(res.created)
@@ -176,6 +206,7 @@ class Orchestrator:
         for node, _before in changed:
             if node.state != NodeState.READY and node.silent_since is None:
                 node.silent_since = node.last_seen
+            self._dirty_nodes.add(node.node_id)
         if changed or (self.next_wake is not None and now >= self.next_wake):
             self.mark_dirty()
         return []
@@ -191,6 +222,15 @@ class Orchestrator:
     def mark_dirty(self) -> None:
         self._dirty.set()
 
+    def mark_node(self, node_id: str) -> None:
+        """The node's view or engine reports changed: the next pass looks at it."""
+        self._dirty_nodes.add(node_id)
+        self._dirty.set()
+
+    def mark_deployment(self, name: str) -> None:
+        self._dirty_deployments.add(name)
+        self._dirty.set()
+
     def _next_set_generation(self) -> int:
         self.set_generation += 1
         return self.set_generation
@@ -200,24 +240,62 @@ class Orchestrator:
 
     # ---- the pass ----
 
+    @staticmethod
+    def node_view(n: Node) -> NodeView:
+        return NodeView(info=n.info, inventory=n.inventory, state=n.state, cordoned=n.cordoned,
+                        draining=n.draining, silent_since=n.silent_since,
+                        blocked_ports=frozenset(n.conflict_ports))
+
     def node_views(self) -> dict[str, NodeView]:
-        views = {}
-        for n in self.cp.nodes.values():
-            views[n.node_id] = NodeView(
-                info=n.info, inventory=n.inventory, state=n.state, cordoned=n.cordoned,
-                draining=n.draining, silent_since=n.silent_since,
-                blocked_ports=frozenset(n.conflict_ports))
-        return views
+        return {n.node_id: self.node_view(n) for n in self.cp.nodes.values()}
+
+    def _reconcile_in_thread(self, now: float) -> Callable[[], tuple[ReconcileState, ReconcileResult]]:
+        """The pass to run in the worker, with what it needs taken here, on the trio side:
+        values that do not change under it (views, report tuples, the deployments copied)."""
+        deployments = dict(self.deployments)
+        dirty_deps, self._dirty_deployments = self._dirty_deployments, set()
+        dirty_nodes, self._dirty_nodes = self._dirty_nodes, set()
+        adopted, self._adopted = self._adopted, {}
+        settings, floor, state = self.settings, self.floor, self.rstate
+        if state is None:  # first pass, or after a failed one: everything, from a snapshot
+            views = self.node_views()
+            reports = {n.node_id: tuple(n.engines.values()) for n in self.cp.nodes.values()}
+            replicas = self.replicas
+
+            def fresh() -> tuple[ReconcileState, ReconcileResult]:
+                st = ReconcileState(views, replicas, reports, stable_after=settings.stable_after)
+                return st, reconcile_dirty(st, deployments, now, settings, floor)
+            return fresh
+        deltas = []
+        for nid in dirty_nodes:
+            n = self.cp.nodes.get(nid)
+            deltas.append(NodeDelta(nid, None) if n is None else
+                          NodeDelta(nid, self.node_view(n), tuple(n.engines.values())))
+
+        def step() -> tuple[ReconcileState, ReconcileResult]:
+            assert state is not None
+            for delta in deltas:
+                state.node(delta)
+            for name in dirty_deps:
+                state.deployment_changed(name)
+            state.put_replicas(adopted)
+            return state, reconcile_dirty(state, deployments, now, settings, floor)
+        return step
+
+    def _set_of(self, node_id: str) -> tuple[EngineSpec, ...]:
+        """The node's desired set, from the replicas on it (as desired() would say)."""
+        assert self.rstate is not None
+        rs = (self.replicas[rid] for rid in self.rstate.on_node.get(node_id, ()))
+        specs = desired_sets(rs).get(node_id, ())
+        return tuple(evolve(s, issuer=self.state_id) for s in specs)
 
     async def run_pass(self, now: float) -> tuple[list[Outgoing], list[StoredEvent]]:
-        # Snapshots: the pass runs in a thread (placing at 50,000 nodes indexes the
-        # cluster for about a second) while the loop goes on answering heartbeats and
-        # changing these. Anything that changes meanwhile marks the plan dirty again.
-        reports = {n.node_id: tuple(n.engines.values()) for n in self.cp.nodes.values()
-                   if n.state == NodeState.READY}
-        result = await trio.to_thread.run_sync(
-            reconcile, dict(self.deployments), self.replicas, self.node_views(), reports, now,
-            self.settings, self.floor)
+        # The pass runs in a thread (a pass that builds the index at 50,000 nodes takes
+        # about a second) while the loop goes on answering heartbeats and marking what
+        # changes meanwhile dirty for the next pass.
+        work = self._reconcile_in_thread(now)
+        self.rstate = None  # until the pass returns it: if it fails, it is rebuilt
+        self.rstate, result = await trio.to_thread.run_sync(work)
         if result.holding != self.holding:
             (log.warning if result.holding else log.info)(
                 "%s", result.holding or "mass-loss guard released")
@@ -230,8 +308,14 @@ class Orchestrator:
         for e in result.events:
             log.info("%s: %s", e.replica, e.text)
         out: list[Outgoing] = []
+        self.changed = result.changed
         if result.changed_nodes:
-            self.sets = self.desired()
+            for node_id in result.changed_nodes:
+                specs = self._set_of(node_id)
+                if specs:
+                    self.sets[node_id] = specs
+                else:
+                    self.sets.pop(node_id, None)
             for node_id in sorted(result.changed_nodes):
                 node = self.cp.nodes.get(node_id)
                 if node is not None and node.connected and node.routing_id:
@@ -261,16 +345,20 @@ class Orchestrator:
                         if node.connected and node.routing_id and node.routing_id not in told]
             except Exception:
                 # A bug in reconcile costs this pass, not the server: state is as it was,
-                # and the next change (or the retry below) runs another.
+                # and the next change (or the retry below) runs another, on a reconcile
+                # state built afresh (this one may be half-changed).
+                self.rstate = None
                 self.failed_passes += 1
                 log.exception("reconcile pass failed; nothing changed, trying again")
                 await trio.sleep(max(PASS_GAP, 1.0))
                 self.mark_dirty()
                 continue
             cost = trio.current_time() - started
-            self.on_pass(cost, before[0], self.replicas)
+            changed = self.changed
+            self.on_pass(cost, {rid: before[0][rid] for rid in changed if rid in before[0]},
+                         {rid: self.replicas[rid] for rid in changed if rid in self.replicas})
             self.note_events(events)
-            if events or (self.replicas, self.floor) != before:
+            if events or changed or self.floor != before[1]:
                 # Persist before telling anyone: what a node is asked to run survives a crash.
                 await trio.to_thread.run_sync(functools.partial(
                     self.store.save_replicas, self.replicas, events=events,
@@ -292,7 +380,7 @@ class Orchestrator:
         self.deployments[d.name] = d
         what = "created" if old is None else "updated"
         await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(now, d.name, "", what)])
-        self.mark_dirty()
+        self.mark_deployment(d.name)
         return {"deployment": d.name, "changed": True, "action": what}
 
     def _deployment(self, name: str) -> Deployment:
@@ -305,7 +393,7 @@ class Orchestrator:
         self._deployment(op.name)
         await trio.to_thread.run_sync(self.store.delete_deployment, op.name)
         del self.deployments[op.name]
-        self.mark_dirty()
+        self.mark_deployment(op.name)
         return {"deployment": op.name, "deleted": True}
 
     async def op_scale(self, peer: Peer, op: ScaleOp, now: float) -> Any:
@@ -314,7 +402,7 @@ class Orchestrator:
         d = evolve(self._deployment(op.name), replicas=op.replicas)
         await trio.to_thread.run_sync(self.store.put_deployment, d, now)
         self.deployments[op.name] = d
-        self.mark_dirty()
+        self.mark_deployment(op.name)
         return {"deployment": op.name, "replicas": op.replicas}
 
     async def op_cordon(self, peer: Peer, op: CordonOp, now: float) -> Any:
@@ -325,7 +413,7 @@ class Orchestrator:
             lambda: self.store.set_cordoned(node_id, op.cordoned, draining=op.draining))
         node = self.cp.nodes[node_id]
         node.cordoned, node.draining = op.cordoned, op.draining
-        self.mark_dirty()
+        self.mark_node(node_id)
         return {"node": node_id, "cordoned": op.cordoned, "draining": op.draining}
 
     def op_get(self, peer: Peer, op: GetOp, now: float) -> Any:
