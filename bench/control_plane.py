@@ -244,6 +244,7 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
         server = _start_server(root, config, "server.log")
         workers: list[subprocess.Popen[bytes]] = []
         storm_s = storm_cpu = startup_cpu = float("nan")
+        storm_threads: dict[str, float] = {}
         try:
             rss_idle = _rss_bytes(server.pid)
             chunks = [names[i:i + per_worker] for i in range(0, n, per_worker)]
@@ -283,6 +284,7 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
                 server = _start_server(root, config, "server-restarted.log")
                 t_listen = time.monotonic()
                 startup_cpu = _cpu_seconds(server.pid)
+                storm_threads0 = _thread_cpu(server.pid)
                 if os.environ.get("LLMGW_BENCH_STORM_PROFILE"):
                     profiler = subprocess.Popen(["py-spy", "record", "-r", "1000", "-p", str(server.pid),
                                                  "-f", "raw", "-o", os.environ["LLMGW_BENCH_STORM_PROFILE"]],
@@ -291,11 +293,15 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
                     time.sleep(0.05)
                 storm_s = time.monotonic() - t_listen
                 storm_cpu = _cpu_seconds(server.pid) - startup_cpu
+                storm_threads = {k: v - storm_threads0.get(k, 0.0)
+                                 for k, v in _thread_cpu(server.pid).items()}
                 if profiler is not None and os.environ.get("LLMGW_BENCH_STORM_PROFILE"):
                     profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
                     profiler.wait(60)
+                split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(storm_threads.items()))
                 print(f"  storm: {_welcomed(meet, 1)} of {n} back in {storm_s:.1f}s "
-                      f"(server CPU {storm_cpu:.1f}s, {startup_cpu:.1f}s more to start)", file=sys.stderr)
+                      f"(server CPU {storm_cpu:.1f}s: {split}; {startup_cpu:.1f}s more to start)",
+                      file=sys.stderr)
             (meet / "stop").touch()
             results = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
         finally:
@@ -322,6 +328,7 @@ def run(n: int, interval: float, window: float, per_worker: int, storm: bool) ->
         "storm_server_cpu_s": storm_cpu,
         "storm_server_cpu_ms_per_reconnect": storm_cpu / n * 1000,
         "server_start_cpu_s": startup_cpu,
+        "storm_server_cpu_by_thread_s": storm_threads,
     }
 
 

@@ -107,6 +107,28 @@ def test_bad_bytes_are_protocol_errors(data: bytes, match: str) -> None:
         codec.decode(data)
 
 
+@given(st.integers(-(2**63), 2**64 - 1))
+def test_heartbeat_paths_match_the_converter(seq: int) -> None:
+    """Heartbeat and HeartbeatAck take a short path: the same bytes and values as the
+    converter's, the same refusals."""
+    ack = messages.HeartbeatAck(seq)
+    assert codec.encode(ack) == msgpack.packb(codec.converter.unstructure(ack, messages.Message))
+    beat = msgpack.packb(codec.converter.unstructure(messages.Heartbeat(seq), messages.Message))
+    assert codec.decode(beat) == messages.Heartbeat(seq)
+    assert type(codec.decode(beat)) is messages.Heartbeat
+
+
+@pytest.mark.parametrize("raw", [
+    {"kind": "heartbeat", "seq": True},
+    {"kind": "heartbeat", "seq": 1.0},
+    {"kind": "heartbeat"},
+    {"kind": "heartbeat", "seq": 1, "x": None},
+])
+def test_heartbeat_short_path_refuses_what_the_converter_refuses(raw: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError, match="bad heartbeat"):
+        codec.decode(msgpack.packb(raw))
+
+
 # ---- decode is total: whatever bytes, a Message or a ProtocolError ----
 
 _scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20)

@@ -131,3 +131,40 @@ async def test_try_send_to_unknown_peer_is_a_drop(ctx: zmq.Context[Any]) -> None
     router.sock.bind_to_random_port("tcp://127.0.0.1")
     assert router.try_send_multipart([b"nobody", b"x"]) is False
     router.close()
+
+
+async def test_try_send_routed(ctx: zmq.Context[Any]) -> None:
+    router = TrioSocket(ctx.socket(zmq.ROUTER))
+    router.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    port = router.sock.bind_to_random_port("tcp://127.0.0.1")
+    assert router.try_send_routed(b"nobody", b"x") is False
+    with TrioSocket(ctx.socket(zmq.DEALER)) as d:
+        d.sock.setsockopt(zmq.ROUTING_ID, b"peer")
+        d.sock.connect(f"tcp://127.0.0.1:{port}")
+        with trio.fail_after(10):
+            await d.send_multipart([b"hi"])
+            assert await router.recv_multipart() == [b"peer", b"hi"]
+            assert router.try_send_routed(b"peer", b"back") is True
+            assert await d.recv_multipart() == [b"back"]
+    router.close()
+
+
+async def test_server_batch_drops_a_message_of_many_frames_and_keeps_the_rest(
+        ctx: zmq.Context[Any]) -> None:
+    from llmgw.server.service import ServerTransport
+
+    router = TrioSocket(ctx.socket(zmq.ROUTER))
+    port = router.sock.bind_to_random_port("tcp://127.0.0.1")
+    t = ServerTransport(router)
+    with TrioSocket(ctx.socket(zmq.DEALER)) as d:
+        d.sock.setsockopt(zmq.ROUTING_ID, b"peer")
+        d.sock.connect(f"tcp://127.0.0.1:{port}")
+        await d.send_multipart([b"one"])
+        await d.send_multipart([b"a", b"b", b"c"])
+        await d.send_multipart([b"two"])
+        got: list[bytes] = []
+        with trio.fail_after(10):
+            while len(got) < 2:
+                got += [payload for rid, uid, payload in await t.recv_batch() if rid == b"peer"]
+    assert got == [b"one", b"two"]
+    router.close()

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 # Seconds between applications of silence to nodes, and checks of the authorized folder.
 TICK_INTERVAL = 1.0
 BATCH = 256  # messages handled per trip through the scheduler
+# After a batch that did not fill, the loop lets messages gather this long before it
+# takes the next: one wake-up (and one ZMQ_EVENTS round) per batch instead of one per
+# message, and the acknowledgements of a batch go to libzmq's I/O thread together. What
+# it costs: this much more latency at most, far below a heartbeat interval.
+GATHER = 0.005  # seconds
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class ServerTransport:
@@ -47,28 +53,45 @@ class ServerTransport:
         self.throttle = Throttle()
 
     async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
-        """Wait for one message, then take every message already queued (up to BATCH)."""
+        """Wait for one message, then take every message already queued (up to BATCH).
+
+        The socket's own receives, frame by frame, while ZMQ_EVENTS shows one queued:
+        pyzmq's recv_multipart and an `Again` at the end of every burst cost several
+        times the receive itself (bench/README.md, "Control plane")."""
+        ts = self.sock
+        await ts.wait_readable()
+        raw = ts.sock
         batch: list[tuple[bytes, str, bytes]] = []
-        frames: list[zmq.Frame] | None = await self.sock.recv_frames()
-        while frames is not None:
-            if len(frames) != 2:
+        while len(batch) < BATCH:
+            try:
+                head = raw.recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            if not head.more:  # a ROUTER always puts the routing id first; never seen
+                continue
+            body = raw.recv(_NOBLOCK, copy=False)  # a message's frames arrive together
+            if body.more:
+                parts = 2
+                while body.more:
+                    body = raw.recv(_NOBLOCK, copy=False)
+                    parts += 1
                 self.throttle.log(log, logging.WARNING, "frames",
-                                  "dropped a message of %d frames (expected 2)", len(frames))
+                                  "dropped a message of %d frames (expected 2)", parts)
             else:
                 try:
-                    uid = frames[1].get("User-Id")
+                    uid = body.get("User-Id")
                 except zmq.ZMQError:
                     uid = ""
-                batch.append((frames[0].bytes, str(uid or ""), frames[1].bytes))
-            if len(batch) >= BATCH:
+                batch.append((head.bytes, str(uid or ""), body.bytes))
+            if not ts.readable():
                 break
-            frames = self.sock.recv_frames_nowait()
         return batch
 
     def send_all(self, out: list[Outgoing]) -> None:
+        sent = self.sent
         for routing_id, msg in out:
-            self.sent[codec.kind_of(msg)] += 1
-            if not self.sock.try_send_multipart([routing_id, codec.encode(msg)]):
+            sent[codec.kind_of(msg)] += 1
+            if not self.sock.try_send_routed(routing_id, codec.encode(msg)):
                 self.dropped_sends += 1
                 log.debug("dropped a message to a peer that is gone or full")
 
@@ -164,8 +187,15 @@ async def serve_server(
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
             sock.setsockopt(zmq.RCVHWM, 100_000)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, 10_000)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 30_000)
+            # A connection whose agent vanished (host down, network cut) is found by the
+            # kernel's keepalive probes: no ZMTP PING to every peer every few seconds,
+            # each one a CURVE message each way through libzmq's I/O thread (a quarter
+            # of its work at 2,000 agents). The agents' own silence is the node's story
+            # (suspect, lost); this only gives back the connection's memory.
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
             sock.curve_server = True
             sock.curve_secretkey = pair.secret_key
             sock.curve_publickey = pair.public_key
@@ -211,6 +241,7 @@ async def run_plane(
     on_tick: Callable[[], None] | None = None,
     on_rare_request: Callable[[], None] | None = None,
     tick_interval: float = TICK_INTERVAL,
+    gather: float = GATHER,
 ) -> None:
     """Receive and answer until cancelled, and apply silence every `tick_interval`.
 
@@ -265,8 +296,12 @@ async def run_plane(
                                     exc_info=True)
             while cp.deferred:
                 nursery.start_soon(finish, *cp.deferred.pop(0))
-            # A flood must not starve the ticker or the deferred requests.
-            await trio.lowlevel.checkpoint()
+            # A flood must not starve the ticker or the deferred requests; a trickle
+            # gathers for a moment first.
+            if gather > 0 and len(batch) < BATCH:
+                await trio.sleep(gather)
+            else:
+                await trio.lowlevel.checkpoint()
 
 
 def _apply_keys(cp: ControlPlane, watcher: KeyWatcher, send_all: Callable[[list[Outgoing]], None]) -> None:

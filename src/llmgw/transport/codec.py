@@ -19,7 +19,7 @@ from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
 from llmgw.transport import messages
-from llmgw.transport.messages import Message
+from llmgw.transport.messages import Heartbeat, HeartbeatAck, Message
 from llmgw.transport.requests import Op, op_name
 
 _MEMBERS: tuple[type, ...] = typing.get_args(Message)
@@ -30,6 +30,7 @@ def _kind(cls: type) -> str:
 
 
 KINDS: dict[str, type] = {_kind(c): c for c in _MEMBERS}
+_KIND_OF: dict[type, str] = {c: k for k, c in KINDS.items()}
 
 
 def _exact(cls: type) -> typing.Callable[[object, type], typing.Any]:
@@ -66,7 +67,17 @@ converter = _make(detailed=False)
 MAX_ITEMS = 4096
 
 
+# The heartbeat and its acknowledgement are most of what the server sends and receives:
+# they take a path of their own, byte for byte what the converter makes of them
+# (tests/unit/test_codec.py checks both ways).
+_ACK_HEAD = b"\x82\xa3seq"
+_ACK_TAIL = b"\xa4kind\xadheartbeat_ack"
+_HEARTBEAT_KEYS = frozenset(("kind", "seq"))
+
+
 def encode(msg: Message) -> bytes:
+    if type(msg) is HeartbeatAck:
+        return _ACK_HEAD + msgpack.packb(msg.seq) + _ACK_TAIL
     data = converter.unstructure(msg, Message)
     return msgpack.packb(data, use_bin_type=True)
 
@@ -88,6 +99,8 @@ def decode(data: bytes) -> Message:
     if not isinstance(kind, str):
         # Only its type: repr() of a value nested a thousand deep would itself recurse.
         raise ProtocolError(f"unknown message kind: a {type(kind).__name__}, not a name")
+    if kind == "heartbeat" and type(raw.get("seq")) is int and raw.keys() == _HEARTBEAT_KEYS:
+        return Heartbeat(raw["seq"])
     if kind not in KINDS:
         raise ProtocolError(f"unknown message kind {clip(repr(kind), 80)}")
     try:
@@ -119,7 +132,7 @@ def structure_result(value: object, cls: type[T]) -> T:
 
 
 def kind_of(msg: Message) -> str:
-    return _kind(type(msg))
+    return _KIND_OF.get(type(msg)) or _kind(type(msg))
 
 
 __all__ = ["KINDS", "converter", "decode", "encode", "kind_of", "messages"]

@@ -22,6 +22,12 @@ import zmq
 log = logging.getLogger(__name__)
 
 _SAFETY = 1.0  # seconds; bound on a wait that a missed edge would otherwise make endless
+# Plain ints: arithmetic on pyzmq's IntFlag members goes through enum's machinery (about a
+# microsecond each, on every receive and send).
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
 
 
 class TrioSocket:
@@ -38,7 +44,7 @@ class TrioSocket:
     # ---- waiting ----
 
     def _events(self) -> int:
-        return int(self.sock.getsockopt(zmq.EVENTS))
+        return int(self.sock.get(_EVENTS))
 
     async def _wait(self, flag: int) -> None:
         """Return once ZMQ_EVENTS shows `flag` (or the socket was closed)."""
@@ -52,11 +58,12 @@ class TrioSocket:
                 # Someone already owns the FD; they wake us whenever it fires.
                 await self._lot.park()
                 continue
-            with trio.CancelScope() as scope:
+            # One scope: cancelled by _after_io when another task's operation shows the
+            # change, or at its deadline (the bound on a missed edge).
+            with trio.CancelScope(deadline=trio.current_time() + _SAFETY) as scope:
                 self._waiter_scope = scope
                 try:
-                    with trio.move_on_after(_SAFETY):
-                        await trio.lowlevel.wait_readable(self._fd)
+                    await trio.lowlevel.wait_readable(self._fd)
                 finally:
                     self._waiter_scope = None
                     self._waiting_for = 0
@@ -94,6 +101,16 @@ class TrioSocket:
         self._after_io()
         return frames
 
+    def readable(self) -> bool:
+        """Whether a message is queued now (reading ZMQ_EVENTS also re-arms the FD's edge)."""
+        return bool(self._events() & _POLLIN)
+
+    async def wait_readable(self) -> None:
+        """Return once a message is queued. For a reader that drains with the socket's own
+        NOBLOCK receives while `readable()` holds, which is cheaper than an `Again` each
+        time the queue runs dry."""
+        await self._wait(zmq.POLLIN)
+
     async def recv_multipart(self) -> list[bytes]:
         return [f.bytes for f in await self.recv_frames()]
 
@@ -118,6 +135,26 @@ class TrioSocket:
             return False
         try:
             self.sock.send_multipart(parts, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        finally:
+            self._after_io()
+        return True
+
+    def try_send_routed(self, routing_id: bytes, payload: bytes) -> bool:
+        """try_send_multipart([routing_id, payload]) for a ROUTER, without building the
+        list: two sends, the first with SNDMORE. With ROUTER_MANDATORY an unknown peer or
+        a full one fails on the first frame, so nothing half-sent is left behind."""
+        if self._closed:
+            return False
+        sock = self.sock
+        try:
+            sock.send(routing_id, _NOBLOCK_MORE)
+            sock.send(payload, _NOBLOCK)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
