@@ -56,6 +56,17 @@ _HEX = b"0123456789abcdefABCDEF"
 # chunk-size [ chunk-ext ]: HEXDIG only, then optionally `;` and anything but controls.
 _CHUNK = re.compile(rb"([0-9A-Fa-f]{1,%d})(?:[ \t]*;[^\x00-\x08\x0a-\x1f\x7f]*)?" % MAX_CHUNK_HEX)
 _STATUS = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: [^\r\n]*)?")
+# The whole grammar of a head in one pass (C speed), for the usual head: token names, no
+# control but tab, CR and LF only as CRLF pairs, at most MAX_FIELDS fields. A head it
+# accepts passes every check of the slow path (it accepts a subset of what those do);
+# a head it rejects goes through the slow path, which names what is wrong.
+_TCHAR = rb"-!#$%&'*+.^_`|~0-9A-Za-z"
+_TEXT = rb"[^\x00-\x08\x0a-\x1f\x7f]"  # a field value's bytes: no control but tab
+_FIELDS = rb"(?:\r\n[%s]+:%s*){0,%d}" % (_TCHAR, _TEXT, MAX_FIELDS)
+_REQUEST_HEAD = re.compile(
+    rb"[%s]+ [^\x00-\x08\x0a-\x1f\x7f ]+ HTTP/1\.[01]%s" % (_TCHAR, _FIELDS)
+)
+_RESPONSE_HEAD = re.compile(rb"HTTP/1\.([01]) ([1-9][0-9][0-9])(?: %s*)?%s" % (_TEXT, _FIELDS))
 
 
 class H1Error(ProtocolError):
@@ -116,6 +127,11 @@ def _chunk_size(data: bytes | bytearray, pos: int, nl: int, status: int) -> int:
 def _content_length(value: bytes, limit: int, status_over: int, status_bad: int) -> int:
     if not value.isdigit():  # bytes.isdigit: ASCII 0-9 only, and not empty
         raise H1Error(status_bad, f"bad content-length {_show(value)}")
+    if len(value) < 16:  # the usual case: no more digits than int() handles at once
+        n = int(value)
+        if n > limit:
+            raise H1Error(status_over, f"content-length {n} over {limit}")
+        return n
     digits = value.lstrip(b"0")
     if len(digits) > len(str(limit)):
         raise H1Error(status_over, f"content-length {_show(value)} over {limit}")
@@ -209,13 +225,15 @@ class RequestParser:
             raise H1Error(431, f"request head larger than {MAX_HEAD} bytes")
         head = bytes(buf[:end])
         del buf[: end + 4]
-        if head.count(b"\r\n") > MAX_FIELDS:
-            raise H1Error(431, f"more than {MAX_FIELDS} header fields")
-        if _bad_controls(head):
-            raise H1Error(400, "control character in the request head")
+        checked = _REQUEST_HEAD.fullmatch(head) is not None  # then the checks below hold
+        if not checked:
+            if head.count(b"\r\n") > MAX_FIELDS:
+                raise H1Error(431, f"more than {MAX_FIELDS} header fields")
+            if _bad_controls(head):
+                raise H1Error(400, "control character in the request head")
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
-        if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1]:
+        if not checked and (len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1]):
             raise H1Error(400, f"bad request line {_show(lines[0], 80)}")
         method, target, version = parts
         if version == b"HTTP/1.1":
@@ -229,7 +247,7 @@ class RequestParser:
         chunked = False
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
-            if not sep or not _TOKEN.fullmatch(name):
+            if not checked and (not sep or not _TOKEN.fullmatch(name)):
                 raise H1Error(400, f"bad header line {_show(line, 80)}")
             name = name.lower()
             value = value.strip(b" \t")
@@ -379,25 +397,49 @@ class ResponseHead:
         self.keep_alive = ka
 
 
+# Heads parsed lately, by their bytes: an engine sends the same head again and again
+# (streams above all), and a head that was checked once need not be checked again. Small
+# heads only, a bounded number (emptied when full); ResponseHead is never changed.
+_HEAD_CACHE: dict[bytes, ResponseHead] = {}
+HEAD_CACHE_SIZE = 64
+HEAD_CACHE_BYTES = 512
+
+
 def parse_response_head(raw: bytes) -> ResponseHead:
     """An engine's response head (without the final CRLFCRLF). Raises H1Error(502)."""
+    head = _HEAD_CACHE.get(raw)
+    if head is not None:
+        return head
+    head = _parse_response_head(raw)
+    if len(raw) <= HEAD_CACHE_BYTES:
+        if len(_HEAD_CACHE) >= HEAD_CACHE_SIZE:
+            _HEAD_CACHE.clear()
+        _HEAD_CACHE[raw] = head
+    return head
+
+
+def _parse_response_head(raw: bytes) -> ResponseHead:
     if len(raw) > MAX_HEAD:
         raise H1Error(502, f"response head larger than {MAX_HEAD} bytes")
-    if raw.count(b"\r\n") > MAX_FIELDS:
-        raise H1Error(502, f"more than {MAX_FIELDS} header fields in the response")
-    if _bad_controls(raw):
-        raise H1Error(502, "control character in the response head")
-    lines = raw.split(b"\r\n")
-    m = _STATUS.fullmatch(lines[0])
+    m = _RESPONSE_HEAD.fullmatch(raw)  # then the checks below hold
+    checked = m is not None
     if m is None:
-        raise H1Error(502, f"bad status line {_show(lines[0], 80)}")
+        if raw.count(b"\r\n") > MAX_FIELDS:
+            raise H1Error(502, f"more than {MAX_FIELDS} header fields in the response")
+        if _bad_controls(raw):
+            raise H1Error(502, "control character in the response head")
+    lines = raw.split(b"\r\n")
+    if m is None:
+        m = _STATUS.fullmatch(lines[0])
+        if m is None:
+            raise H1Error(502, f"bad status line {_show(lines[0], 80)}")
     ctype = b"application/json"
     length = -1
     te: bytes | None = None
     ka = m.group(1) == b"1"
     for line in lines[1:]:
         k, sep, v = line.partition(b":")
-        if not sep or not _TOKEN.fullmatch(k):
+        if not checked and (not sep or not _TOKEN.fullmatch(k)):
             raise H1Error(502, f"bad header line {_show(line, 80)}")
         k = k.lower()
         v = v.strip(b" \t")

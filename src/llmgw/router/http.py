@@ -96,14 +96,18 @@ class ClientConn:
                 deadline = min(self.waiting_since + self.idle, self.head_deadline)
                 with trio.CancelScope(deadline=deadline) as scope:
                     self.reader_scope = scope
+                    got = False
                     while True:
                         if len(self.inbox) > INBOX_MAX:
                             self.reader_parked = current_task()
                             await wait_task_rescheduled(self._abort_reader)
                             continue
-                        data = await sockio.recv(sock)
+                        # After bytes came, the client mostly has nothing more to send
+                        # until it is answered: wait first rather than try (EAGAIN).
+                        data = await (sockio.recv_next(sock) if got else sockio.recv(sock))
                         if not data:
                             break
+                        got = True
                         self.inbox += data
                         if self.waiter is not None:
                             reschedule(self.waiter)

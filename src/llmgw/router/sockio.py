@@ -80,6 +80,32 @@ async def recv(sock: socket.socket, n: int = RECV) -> bytes:
         await wait_readable(sock)
 
 
+async def recv_next(sock: socket.socket, n: int = RECV) -> bytes:
+    """Like `recv`, for a socket whose last receive just took what there was: the peer is
+    most likely not done sending its next message yet, so this waits for readability
+    first rather than try a receive that would fail with EAGAIN (a system call and a
+    Python exception saved per message). Waiting on a socket that is readable already
+    returns at the next scheduler round."""
+    global _budget
+    _budget = YIELD_EVERY
+    await wait_readable(sock)
+    return await recv(sock, n)
+
+
+def send_now(sock: socket.socket, data: bytes) -> int:
+    """Send what the kernel takes at once, without waiting; returns how much it took
+    (the rest goes with `send_all`). Counts against the budget like `send_all`: the next
+    operation that may wait takes the checkpoint when it is due."""
+    global _budget
+    _budget -= 1
+    try:
+        return sock.send(data)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise _error(exc) from exc
+
+
 async def send_all(sock: socket.socket, data: bytes) -> None:
     global _budget
     _budget -= 1

@@ -294,7 +294,10 @@ class Relay:
                 self.metrics.first_byte(model, now - t0)
                 idle = self.idle
                 slack = idle / 64
-                scope.deadline = now + idle
+                # The idle deadline replaces the first-byte one before the first wait
+                # from here on: an answer that came whole with its head (the usual plain
+                # one) and goes out at once needs no deadline change (a few µs of trio).
+                idle_armed = False
                 framing = head.framing
                 if framing == "chunked":
                     if http10:
@@ -339,12 +342,21 @@ class Relay:
                         if done:
                             if chunked_out:
                                 out += b"0\r\n\r\n"
-                            await sockio.send_all(send, out)
+                            if idle_armed:
+                                await sockio.send_all(send, out)
+                            else:
+                                sent = sockio.send_now(send, out)
+                                if sent < len(out):
+                                    scope.deadline = trio.current_time() + idle
+                                    await sockio.send_all(send, out[sent:])
                             ok = True
                             conn.clean = head.keep_alive and not conn.buf and not extra
                             if scanner is not None and scanner.extra:
                                 conn.clean = False
                             return status
+                    if not idle_armed:
+                        idle_armed = True
+                        scope.deadline = trio.current_time() + idle
                     if out:
                         await sockio.send_all(send, out)
                         out = b""
