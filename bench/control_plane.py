@@ -105,10 +105,10 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
             return True
         return False
 
-    async def beat(conn: Any) -> None:
+    async def beat(conn: Any) -> bool:
         """Heartbeats every interval, as the real agent's link sends them (not waiting for
-        acks), until the server forgets us (HelloFirst: it restarted) or is silent for
-        three intervals."""
+        acks), until the server forgets us (HelloFirst: it restarted; True) or is silent
+        for three intervals (False)."""
         pending: dict[int, tuple[float, float]] = {}  # seq -> (sent, wall time sent)
 
         async def sender(cancel: trio.CancelScope) -> None:
@@ -120,17 +120,22 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
                 await trio.sleep(interval)
             cancel.cancel()
 
+        forgotten = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sender, nursery.cancel_scope)
             while True:
                 with trio.move_on_after(3 * interval) as silent:
                     msg = codec.decode(await conn.recv())
-                if silent.cancelled_caught or isinstance(msg, HelloFirst):
+                if silent.cancelled_caught:
+                    break
+                if isinstance(msg, HelloFirst):
+                    forgotten = True
                     break
                 if isinstance(msg, HeartbeatAck) and msg.seq in pending:
                     sent, wall = pending.pop(msg.seq)
                     samples.append((wall, trio.current_time() - sent))
             nursery.cancel_scope.cancel()
+        return forgotten
 
     async def agent(secret: str) -> None:
         nonlocal welcomed, rewelcomed
@@ -140,7 +145,7 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
         first, back = True, False
         while not stop.exists():
             async with connect(ctx, server, pair, server_public) as conn:
-                if await handshake(conn, hello):
+                while await handshake(conn, hello):
                     attempt = 0
                     if first:
                         welcomed += 1
@@ -149,7 +154,12 @@ async def _worker(server: str, server_key: str, secrets: list[str], interval: fl
                     elif not back and storm.exists():
                         rewelcomed += 1
                         back = True
-                    await beat(conn)
+                    if not await beat(conn) or stop.exists():
+                        break
+                    # HelloFirst: Hello again on the same connection after the real
+                    # agent's jittered backoff (agent/link.py).
+                    await trio.sleep(backoff_delay(attempt, 1.0, 30.0, random.random()))
+                    attempt += 1
             if stop.exists():
                 break
             # The real agent's reconnect: a new socket (a new CURVE handshake) after

@@ -191,7 +191,9 @@ async def test_server_forgets_session_agent_says_hello_again(
         cp.nodes.clear()  # as after a server restart with no memory of the session
         await trio.sleep(7)
         assert cp.nodes["gpu-a-01"].state is NodeState.READY
-        assert len(net.connects) == 2
+        # On the same connection: a new socket would cost the server a second CURVE
+        # handshake per agent when a restarted server takes them all back.
+        assert len(net.connects) == 1
         nursery.cancel_scope.cancel()
 
 

@@ -63,6 +63,14 @@ class _Lost(Exception):
     """The session ended without a refusal: reconnect."""
 
 
+class _HelloAgain(Exception):
+    """The server has no session for us (it restarted): Hello again on this connection.
+
+    The connection itself is fine (libzmq has already reconnected it, with a new CURVE
+    handshake): a new socket would cost the server a second handshake per agent, which
+    was half its CPU when ten thousand agents came back at once (bench/README.md)."""
+
+
 @define
 class LinkSettings:
     heartbeat_interval: float
@@ -86,11 +94,21 @@ async def serve_link(
     while True:
         try:
             async with connect() as conn:
-                await _handshake(conn, hooks, settings)
-                attempt = 0
-                reached = True
-                hooks.on_connected()
-                await _session(conn, hooks, settings, outbox)
+                while True:
+                    await _handshake(conn, hooks, settings)
+                    attempt = 0
+                    reached = True
+                    hooks.on_connected()
+                    try:
+                        await _session(conn, hooks, settings, outbox)
+                    except _HelloAgain as exc:
+                        log.warning("%s", exc)
+                    # Jittered as a reconnect is, so that the agents of a restarted
+                    # server do not all say Hello in the same instant.
+                    delay = backoff_delay(attempt, settings.reconnect_base, settings.reconnect_max, rnd())
+                    attempt += 1
+                    log.info("saying Hello again in %.1fs", delay)
+                    await trio.sleep(delay)
         except _Lost as exc:
             if reached:
                 log.warning("lost the server: %s", exc)
@@ -143,7 +161,7 @@ def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
             found = _leaf(exc)
             if found is not None:
                 return found
-        elif isinstance(exc, RefusedError | _Lost):
+        elif isinstance(exc, RefusedError | _Lost | _HelloAgain):
             return exc
     return None
 
@@ -198,7 +216,7 @@ class _Session:
         elif isinstance(msg, Refused):
             raise RefusedError(f"the server refused this agent: {msg.reason}")
         elif isinstance(msg, HelloFirst):
-            raise _Lost(f"the server asked for a new Hello ({msg.reason})")
+            raise _HelloAgain(f"the server asked for a new Hello ({msg.reason})")
         elif isinstance(msg, NotLeader):
             _not_leader(self.hooks, msg)
         elif isinstance(msg, Rediscover):
