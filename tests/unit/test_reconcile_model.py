@@ -21,6 +21,7 @@ from collections import Counter
 
 import pytest
 from attrs import evolve
+from attrs import fields_dict as _fields_dict
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -105,9 +106,9 @@ class Cluster(RuleBasedStateMachine):
         """A full pass over the same inputs changes nothing; the state is as if fresh."""
         reports = {n: d.reports for n, d in self.told_nodes.items()}
         full = reconcile(self.deps, self.replicas, self.views, reports, self.now, SETTINGS, self.floor)
-        diff = [(full.replicas.get(rid), self.replicas.get(rid))
+        diff = {rid: _fields_apart(full.replicas.get(rid), self.replicas.get(rid))
                 for rid in sorted(full.replicas.keys() | self.replicas.keys())
-                if full.replicas.get(rid) != self.replicas.get(rid)]
+                if full.replicas.get(rid) != self.replicas.get(rid)}
         assert not diff, diff
         fresh = ReconcileState(self.views, self.replicas, reports, stable_after=SETTINGS.stable_after)
         for attr in ("on_node", "of_deployment", "unplaced", "timed", "silent", "replicas"):
@@ -259,6 +260,18 @@ class Cluster(RuleBasedStateMachine):
             if r.replaces:
                 old = self.replicas.get(r.replaces)
                 assert old is None or old.deployment == r.deployment
+
+
+def attrs_fields(cls: type) -> list[str]:
+    return list(_fields_dict(cls))
+
+
+def _fields_apart(a: Replica | None, b: Replica | None) -> object:
+    """What a full pass would change of a replica: (field, full's, incremental's)."""
+    if a is None or b is None:
+        return (a and a.state, b and b.state)
+    return [(f, getattr(a, f), getattr(b, f)) for f in attrs_fields(Replica)
+            if getattr(a, f) != getattr(b, f)]
 
 
 EXAMPLES = int(os.environ.get("LLMGW_MODEL_EXAMPLES", "60"))

@@ -113,11 +113,14 @@ def reconcile_dirty(
         for n in state.dirty_nodes:
             todo.update(state.on_node.get(n, ()))
         for name in state.dirty_deployments:
-            todo.update(state.of_deployment.get(name, ()))
+            # A changed spec is the rollout's; only a deleted one stops replicas here.
+            if name not in deployments:
+                todo.update(state.of_deployment.get(name, ()))
         ids = (rid for rid in todo if rid in replicas)
         rolled = {name for name in state.dirty_deployments if name in deployments}
     p = Pass(state, now, settings, generation_floor)
     for _ in range(_ROUNDS):
+        grown = _grown(state)
         for rid in sorted(ids):
             r = p.work[rid]
             d = deployments.get(r.deployment)
@@ -126,14 +129,13 @@ def reconcile_dirty(
                 continue
             rolled.add(r.deployment)
             _observe(p, r, holding)
-        grown = _grown(state)
         for name in sorted(rolled):
             roll_deployment(p, deployments[name])
         if _grown(state) == grown:
             break
-        # Room the rollout freed (a scale-down, a replacement that took over) goes to
-        # what waits for room in this pass, not at the next event; then their
-        # deployments roll again (a drain that was stuck moves on).
+        # Room this round freed (a deleted deployment, a scale-down, a replacement that
+        # took over) goes to what waits for room in this pass, not at the next event;
+        # then their deployments roll again (a drain that was stuck moves on).
         ids = [rid for rid in p.touched | state.unplaced if _waits_for_room(p.work.get(rid))]
         rolled = set()
         if not ids:

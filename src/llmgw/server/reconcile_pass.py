@@ -53,6 +53,9 @@ class Pass:
         self.events: list[Event] = []
         self.touched: set[str] = set()  # replica ids put or dropped
         self._mine: dict[str, set[str]] = {}  # deployment -> its replica ids, as they change
+        self._sorted: dict[str, list[Replica]] = {}  # mine(), until one of them changes
+        self._used: dict[str, set[int]] = {}  # deployment -> indexes taken (new_replica)
+        self._lowest: dict[str, int] = {}  # deployment -> no free index below this
 
     @property
     def view(self) -> ClusterView:
@@ -61,10 +64,17 @@ class Pass:
 
     def mine(self, deployment: str) -> list[Replica]:
         """The deployment's replicas as they are now, by index."""
-        ids = self._mine.get(deployment)
-        if ids is None:
-            ids = self._mine[deployment] = set(self.state.of_deployment.get(deployment, ()))
-        return sorted((self.work[rid] for rid in ids), key=lambda r: r.index)
+        out = self._sorted.get(deployment)
+        if out is None:
+            ids = self._mine.get(deployment)
+            if ids is None:
+                ids = self._mine[deployment] = set(self.state.of_deployment.get(deployment, ()))
+            out = self._sorted[deployment] = sorted((self.work[rid] for rid in ids),
+                                                    key=lambda r: r.index)
+        return list(out)
+
+    def hash(self, spec: Deployment) -> str:
+        return self.state.template_hash(spec)
 
     def gen(self) -> int:
         self.floor += 1
@@ -79,6 +89,7 @@ class Pass:
         mine = self._mine.get(r.deployment)
         if mine is not None:
             mine.add(r.id)
+        self._sorted.pop(r.deployment, None)
         return r
 
     def to(self, r: Replica, event: ReplicaEvent, **changes: object) -> Replica:
@@ -91,6 +102,9 @@ class Pass:
         self.work.pop(r.id, None)
         self.touched.add(r.id)
         self._mine.get(r.deployment, set()).discard(r.id)
+        self._sorted.pop(r.deployment, None)
+        self._used.get(r.deployment, set()).discard(r.index)
+        self._lowest[r.deployment] = min(self._lowest.get(r.deployment, 0), r.index)
         self.event(r, why)
 
     def release(self, r: Replica) -> Replica:
@@ -105,7 +119,7 @@ class Pass:
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
         """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
-        key = (r.spec.template_hash(), exclude)
+        key = (self.hash(r.spec), exclude)
         view = self.view
         # A spec that found no room needs no second look until room may have grown.
         cached = self.state.no_room.get(key)
@@ -131,8 +145,16 @@ class Pass:
         return placed
 
     def new_replica(self, d: Deployment, replaces: str = "") -> Replica:
-        used = {r.index for r in self.mine(d.name)}
-        index = next(i for i in range(len(used) + 1) if i not in used)
+        # The lowest free index; the search starts where the last one ended (a thousand
+        # new replicas cost a thousand steps, not half a million).
+        used = self._used.get(d.name)
+        if used is None:
+            used = self._used[d.name] = {r.index for r in self.mine(d.name)}
+        index = self._lowest.get(d.name, 0)
+        while index in used:
+            index += 1
+        used.add(index)
+        self._lowest[d.name] = index + 1
         r = Replica(id=replica_id(d.name, index), deployment=d.name, index=index, spec=d)
         r = evolve(r, replaces=replaces)
         self.put(r)

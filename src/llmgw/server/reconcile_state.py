@@ -15,11 +15,12 @@ between threads: its owner hands it to one pass at a time.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping
 
 from attrs import frozen
 
-from llmgw.model.deployment import Replica, ReplicaState
+from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
 from llmgw.model.node import NodeState
 
@@ -67,6 +68,9 @@ class ReconcileState:
         # settings' stable_after): the timer `track` sets.
         self.stable_after = stable_after
         self.top_generation = 0  # the highest generation of any replica seen
+        # id(spec) -> (a weak reference to it, its template hash): replicas share few
+        # spec objects, and hashing one costs a JSON dump; checked by identity on use.
+        self._hashes: dict[int, tuple[weakref.ref[Deployment], str]] = {}
         self.dirty_nodes: set[str] = set()
         self.dirty_deployments: set[str] = set()
         self.dirty_replicas: set[str] = set()
@@ -135,6 +139,17 @@ class ReconcileState:
     def due(self, now: float) -> list[str]:
         return [rid for rid, t in self.timed.items() if t <= now]
 
+    def template_hash(self, spec: Deployment) -> str:
+        """spec.template_hash(), remembered for as long as the spec object lives."""
+        key = id(spec)
+        hit = self._hashes.get(key)
+        if hit is not None and hit[0]() is spec:
+            return hit[1]
+        h = spec.template_hash()
+        hashes = self._hashes
+        hashes[key] = (weakref.ref(spec, lambda ref: _forget(hashes, key, ref)), h)
+        return h
+
     def report(self, node_id: str, replica_id: str, generation: int) -> EngineReport | None:
         for rep in self.reports.get(node_id, ()):
             if rep.replica_id == replica_id and rep.generation == generation:
@@ -181,3 +196,9 @@ class ReconcileState:
     def pending(self) -> dict[str, str]:
         return {rid: self.replicas[rid].reason for rid in sorted(self.unplaced)
                 if self.replicas[rid].state == S.PENDING}
+
+
+def _forget(hashes: dict[int, tuple[weakref.ref[Deployment], str]], key: int,
+            ref: weakref.ref[Deployment]) -> None:
+    if key in hashes and hashes[key][0] is ref:  # not a newer spec at the same address
+        del hashes[key]

@@ -48,11 +48,11 @@ def _still_wanted(p: Pass, new: Replica, old: Replica, new_hash: str) -> bool:
     with no room goes down then up instead, which _roll does once this one is gone)."""
     if any(p.draining(n) for n in old.node_ids):
         return True
-    return old.spec.template_hash() != new_hash and new.placed
+    return p.hash(old.spec) != new_hash and new.placed
 
 
 def _drop_unneeded_replacements(p: Pass, d: Deployment) -> None:
-    new_hash = d.template_hash()
+    new_hash = p.hash(d)
     for r in _mine(p, d):
         if not r.replaces or r.state == S.READY:
             continue
@@ -63,19 +63,19 @@ def _drop_unneeded_replacements(p: Pass, d: Deployment) -> None:
                 p.put(evolve(old, reason=""))
 
 
-def _victim_order(r: Replica, new_hash: str) -> tuple[bool, bool, bool, float, int]:
+def _victim_order(p: Pass, r: Replica, new_hash: str) -> tuple[bool, bool, bool, float, int]:
     """Scale-down order: what serves least goes first. Pending before started, not ready
     before ready (a ready replica never stops while a not-ready one could go instead),
     outdated before current, then the newest."""
-    return (r.placed, r.state == S.READY, r.spec.template_hash() == new_hash, -r.placed_at, -r.index)
+    return (r.placed, r.state == S.READY, p.hash(r.spec) == new_hash, -r.placed_at, -r.index)
 
 
 def _scale(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     slots = [r for r in mine if not r.replaces]
     if len(slots) > d.replicas:
-        new_hash = d.template_hash()
-        victims = sorted(slots, key=lambda r: _victim_order(r, new_hash))
+        new_hash = p.hash(d)
+        victims = sorted(slots, key=lambda r: _victim_order(p, r, new_hash))
         by_target = {r.replaces: r for r in mine if r.replaces}
         for r in victims[: len(slots) - d.replicas]:
             p.drop(r, f"scaled down to {d.replicas}: stopped")
@@ -118,9 +118,9 @@ def _roll(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     if any(r.replaces for r in mine):
         return  # one replacement at a time
-    new_hash = d.template_hash()
-    current = [r for r in mine if r.spec.template_hash() == new_hash]
-    outdated = [r for r in mine if r.spec.template_hash() != new_hash]
+    new_hash = p.hash(d)
+    current = [r for r in mine if p.hash(r.spec) == new_hash]
+    outdated = [r for r in mine if p.hash(r.spec) != new_hash]
     if not outdated or any(r.state != S.READY for r in current):
         return
     idle = [r for r in outdated if r.state != S.READY]
