@@ -127,7 +127,10 @@ class Pool:
         self._ring_owners = [p[1] for p in points]
 
     def any_ready(self) -> bool:
-        return any(r.ready for r in self.replicas)
+        for r in self.replicas:  # a plain loop: no generator per request
+            if r.ready:
+                return True
+        return False
 
     def choose(
         self,

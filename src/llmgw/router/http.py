@@ -29,6 +29,8 @@ __all__ = ["ClientConn", "H1Error", "Request"]
 
 INBOX_MAX = 1 << 20
 _REASON = {int(s): s.phrase.encode() for s in HTTPStatus}
+# Ready-made status lines, so that a response head is one formatting operation.
+_STATUS_LINE = {code: b"HTTP/1.1 %d %s\r\n" % (code, phrase) for code, phrase in _REASON.items()}
 
 log = logging.getLogger(__name__)
 
@@ -198,12 +200,12 @@ class ClientConn:
     def head(self, status: int, headers: bytes) -> bytes:
         """A response head; `headers` are ready-made `name: value\\r\\n` lines."""
         self.responded = True
-        return b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (
-            status,
-            _REASON.get(status, b""),
-            headers,
-            b"" if self.keep_alive else b"connection: close\r\n",
-        )
+        line = _STATUS_LINE.get(status)
+        if line is None:
+            line = b"HTTP/1.1 %d \r\n" % status
+        if self.keep_alive:
+            return line + headers + b"\r\n"
+        return line + headers + b"connection: close\r\n\r\n"
 
     async def send(self, data: bytes) -> None:
         await sockio.send_all(self.sock, data)

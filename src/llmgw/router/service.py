@@ -230,7 +230,7 @@ class Router:
             model = m
             streaming = body.get("stream") is True
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
-            status = await self._forward(client, req, path, pool, akey, streaming, model)
+            status = await self._forward(client, req, path, pool, akey, streaming, model, t0)
         except ApiError as err:
             status = err.status
             if client.can_respond:
@@ -248,19 +248,22 @@ class Router:
         akey: str | None,
         streaming: bool,
         model: str,
+        now: float,
     ) -> int:
-        """Try up to MAX_TRIES replicas; returns the status the client got."""
+        """Try up to MAX_TRIES replicas; returns the status the client got. `now`: when
+        the request came (the clock is read again only for a further try)."""
         tried: tuple[Replica, ...] = ()
         last = ""
         for _ in range(MAX_TRIES):
-            now = trio.current_time()
+            if tried:
+                now = trio.current_time()
             r = pool.choose(now, self._stale, akey, tried)
             if r is None:
                 break
             tried += (r,)
             r.outstanding += 1
             try:
-                return await self.relay.run(client, req, path, r, streaming, model)
+                return await self.relay.run(client, req, path, r, streaming, model, now)
             except ClientGone:
                 return 499  # the client went away; nothing to answer
             except Failed as f:

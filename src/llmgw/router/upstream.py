@@ -251,11 +251,14 @@ class Relay:
         r: Replica,
         streaming: bool,
         model: str,
+        t0: float | None = None,
     ) -> int:
         """Relay one exchange; returns the status. Raises Failed before anything went to
         the client, trio.BrokenResourceError when the engine failed after that, ClientGone
-        when the client closed meanwhile (the engine's connection is closed: it stops)."""
-        t0 = trio.current_time()
+        when the client closed meanwhile (the engine's connection is closed: it stops).
+        `t0`: the clock now, when the caller has just read it."""
+        if t0 is None:
+            t0 = trio.current_time()
         http10 = client.http10  # no chunked framing for the client: ask the engine in 1.0
         body = req.body
         req_head = (
