@@ -111,7 +111,7 @@ class Cluster(RuleBasedStateMachine):
                 if full.replicas.get(rid) != self.replicas.get(rid)}
         assert not diff, diff
         fresh = ReconcileState(self.views, self.replicas, reports, stable_after=SETTINGS.stable_after)
-        for attr in ("on_node", "of_deployment", "unplaced", "timed", "silent", "replicas"):
+        for attr in ("on_node", "of_deployment", "unplaced", "timed", "silent", "draining", "replicas"):
             assert getattr(self.state, attr) == getattr(fresh, attr), attr
         if self.state.indexed:
             assert self.state.view(self.replicas).content() == fresh.view(self.replicas).content()

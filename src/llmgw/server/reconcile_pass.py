@@ -54,6 +54,7 @@ class Pass:
         self.touched: set[str] = set()  # replica ids put or dropped
         self._mine: dict[str, set[str]] = {}  # deployment -> its replica ids, as they change
         self._sorted: dict[str, list[Replica]] = {}  # mine(), until one of them changes
+        self._hashes: dict[int, str] = {}  # id(spec) -> template hash, for this pass
         self._used: dict[str, set[int]] = {}  # deployment -> indexes taken (new_replica)
         self._lowest: dict[str, int] = {}  # deployment -> no free index below this
 
@@ -74,7 +75,12 @@ class Pass:
         return list(out)
 
     def hash(self, spec: Deployment) -> str:
-        return self.state.template_hash(spec)
+        # By id within the pass: every spec it sees stays alive until it ends (held by
+        # the state's replicas, the work or the deployments), so no id is reused.
+        h = self._hashes.get(id(spec))
+        if h is None:
+            h = self._hashes[id(spec)] = self.state.template_hash(spec)
+        return h
 
     def gen(self) -> int:
         self.floor += 1

@@ -54,6 +54,7 @@ class ReconcileState:
         # Nodes not ready -> since when (the mass-loss guard counts these, not all nodes).
         self.silent: dict[str, float | None] = {
             n: v.silent_since for n, v in self.nodes.items() if v.state != NodeState.READY}
+        self.draining: set[str] = {n for n, v in self.nodes.items() if v.draining}
         self.replicas: dict[str, Replica] = {}
         self.on_node: dict[str, set[str]] = {}
         self.of_deployment: dict[str, set[str]] = {}
@@ -86,6 +87,7 @@ class ReconcileState:
             self.nodes.pop(nid, None)
             self.reports.pop(nid, None)
             self.silent.pop(nid, None)
+            self.draining.discard(nid)
         else:
             self.nodes[nid] = view
             self.reports[nid] = delta.reports
@@ -93,6 +95,10 @@ class ReconcileState:
                 self.silent.pop(nid, None)
             else:
                 self.silent[nid] = view.silent_since
+            if view.draining:
+                self.draining.add(nid)
+            else:
+                self.draining.discard(nid)
         if self._view is not None:
             self._view.update_node(nid, view)
         self.dirty_nodes.add(nid)

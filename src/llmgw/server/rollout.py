@@ -92,6 +92,8 @@ DRAIN_STUCK = "draining, with nowhere to move"
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     replaced = {r.replaces: r for r in mine if r.replaces}
+    if not replaced and not p.state.draining:
+        return  # nothing drains, nothing is being replaced: no replica to look at
     for r in mine:
         if r.id in replaced:
             new = replaced[r.id]
@@ -119,8 +121,10 @@ def _roll(p: Pass, d: Deployment) -> None:
     if any(r.replaces for r in mine):
         return  # one replacement at a time
     new_hash = p.hash(d)
-    current = [r for r in mine if p.hash(r.spec) == new_hash]
-    outdated = [r for r in mine if p.hash(r.spec) != new_hash]
+    current: list[Replica] = []
+    outdated: list[Replica] = []
+    for r in mine:
+        (current if p.hash(r.spec) == new_hash else outdated).append(r)
     if not outdated or any(r.state != S.READY for r in current):
         return
     idle = [r for r in outdated if r.state != S.READY]
