@@ -32,6 +32,7 @@ from llmgw.logbound import Throttle, clip
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server.intern import Interner
 from llmgw.server.node_states import NodeEvent, next_state, silence_event
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
@@ -98,6 +99,8 @@ class Node:
     # Ports the node reported in conflict -> when (server clock). Bounded: the oldest go
     # first past MAX_CONFLICT_PORTS; expired after CONFLICT_PORT_TTL; cleared on Hello.
     conflict_ports: dict[int, float] = field(factory=dict)
+    # `inventory` came through the control plane's Interner (not straight from the store).
+    shared: bool = False
 
     def note_conflict(self, port: int, now: float) -> None:
         """Remember that `port` is held by a process that is not an engine of ours."""
@@ -147,6 +150,8 @@ class ControlPlane:
     # (a fixed vocabulary: never peer text).
     received: Counter[str] = field(factory=Counter)
     refusals: Counter[str] = field(factory=Counter)
+    # Inventories' equal parts, kept once for all nodes (intern.py).
+    interner: Interner = field(factory=Interner)
 
     def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
@@ -200,7 +205,7 @@ class ControlPlane:
         if isinstance(msg, Heartbeat):
             return [(routing_id, HeartbeatAck(seq=msg.seq))]
         if isinstance(msg, InventoryChanged):
-            node.inventory = msg.inventory
+            self._set_inventory(node, msg.inventory)
             return self._changed(node, now, "inventory")
         if isinstance(msg, EngineChanged):
             rid = msg.report.replica_id
@@ -246,11 +251,13 @@ class ControlPlane:
         node = self.nodes.get(claimed)
         engines = {r.replica_id: bounded_report(r) for r in msg.engines}
         if node is None:
-            node = Node(claimed, msg.node, msg.inventory, NodeState.READY, now, peer.routing_id)
+            node = Node(claimed, msg.node, self.interner.inventory(msg.inventory), NodeState.READY, now,
+                        peer.routing_id, shared=True)
             self.nodes[claimed] = node
             log.info("node %s joined from %s", claimed, msg.node.mgmt_addr)
         else:
-            node.info, node.inventory = msg.node, msg.inventory
+            node.info = msg.node
+            self._set_inventory(node, msg.inventory)
             node.connected = True
             self._heard(node, peer.routing_id, now)
         node.key = peer.key
@@ -262,6 +269,12 @@ class ControlPlane:
                 node.note_conflict(r.conflict_port, now)
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
         return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
+
+    def _set_inventory(self, node: Node, inventory: Inventory) -> None:
+        # An agent that says Hello again mostly reports what it did: keep the shared copy.
+        if not (node.shared and node.inventory == inventory):
+            node.inventory = self.interner.inventory(inventory)
+            node.shared = True
 
     def _heard(self, node: Node, routing_id: bytes, now: float) -> None:
         before = node.state
