@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from llmgw.router import h1
 from llmgw.router.h1 import ChunkScanner, H1Error, RequestParser, dechunk, parse_response_head
 from llmgw.router.jsondepth import too_deep
 
@@ -211,3 +212,43 @@ def test_json_depth_matches_a_reference(value: object) -> None:
 @given(st.one_of(st.binary(max_size=300), st.text(alphabet='[]{}"\\,1 a', max_size=300).map(str.encode)))
 def test_json_depth_total(body: bytes) -> None:
     assert too_deep(body) in (True, False)
+
+
+# The one-pass grammar check (h1._REQUEST_HEAD, _RESPONSE_HEAD) lets a head skip the
+# line-by-line checks; it may do so only for heads those checks accept. Heads near the
+# grammar (mutated valid ones) are where the two could part.
+def _slow_checks_pass(head: bytes, first_line_ok: bool) -> bool:
+    lines = head.split(b"\r\n")
+    return (first_line_ok and head.count(b"\r\n") <= h1.MAX_FIELDS and not h1._bad_controls(head)
+            and all(sep and h1._TOKEN.fullmatch(name)
+                    for name, sep, _ in (line.partition(b":") for line in lines[1:])))
+
+
+def _request_line_ok(line: bytes) -> bool:
+    parts = line.split(b" ")
+    return len(parts) == 3 and bool(h1._TOKEN.fullmatch(parts[0])) and bool(parts[1])
+
+
+@MANY
+@given(mutated([r.split(b"\r\n\r\n", 1)[0].lstrip(b"\r\n") for r in VALID_REQUESTS]))
+def test_request_fast_path_only_for_heads_the_slow_checks_accept(head: bytes) -> None:
+    if h1._REQUEST_HEAD.fullmatch(head):
+        assert _slow_checks_pass(head, _request_line_ok(head.split(b"\r\n", 1)[0]))
+
+
+@MANY
+@given(mutated(VALID_RESPONSES))
+def test_response_fast_path_only_for_heads_the_slow_checks_accept(head: bytes) -> None:
+    if h1._RESPONSE_HEAD.fullmatch(head):
+        assert _slow_checks_pass(head, bool(h1._STATUS.fullmatch(head.split(b"\r\n", 1)[0])))
+
+
+def test_response_head_cache_is_bounded_and_returns_the_same_answer() -> None:
+    raw = b"HTTP/1.1 200 OK\r\ncontent-length: 2"
+    assert parse_response_head(raw) is parse_response_head(raw)
+    for i in range(3 * h1.HEAD_CACHE_SIZE):
+        assert parse_response_head(b"HTTP/1.1 200 OK\r\ncontent-length: %d" % i).length == i
+    assert len(h1._HEAD_CACHE) <= h1.HEAD_CACHE_SIZE
+    big = b"HTTP/1.1 200 OK\r\nx: " + b"v" * h1.HEAD_CACHE_BYTES
+    parse_response_head(big)
+    assert big not in h1._HEAD_CACHE
