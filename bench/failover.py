@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,6 +268,9 @@ def main() -> None:
     if args.worker:
         worker_main(args)
         return
+    # A SIGTERM (timeout, Ctrl-C's cousin) unwinds through run's cleanup: servers, workers
+    # and PostgreSQL are stopped by pid, none left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     r = run(args.nodes, args.lease, args.interval, args.per_worker)
     print(f"{'agents':>7} {'lease':>6} {'heartbeat':>9} {'standby leads':>14} {'all agents back':>16}")
     print(f"{r['nodes']:>7} {r['lease_s']:>5g}s {r['heartbeat_s']:>8g}s {r['lead_s']:>13.2f}s "
