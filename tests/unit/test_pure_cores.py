@@ -13,6 +13,7 @@ FORBIDDEN = {"trio", "zmq", "os", "time", "socket", "subprocess", "threading", "
 PURE = [
     "llmgw.server.placement",
     "llmgw.server.cluster_view",
+    "llmgw.server.gpu_pick",
     "llmgw.server.reconcile_state",
     "llmgw.server.reconcile",
     "llmgw.server.reconcile_pass",

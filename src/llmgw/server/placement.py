@@ -26,8 +26,8 @@ from attrs import field, frozen
 from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
 from llmgw.model.engine import EngineKind
 
-from ._gpus import pick_gpus
 from .cluster_view import ClusterView, NodeView, _Group, _Node
+from .gpu_pick import pick_gpus
 
 __all__ = ["ClusterView", "NodeView", "Placement", "Unschedulable", "explain", "place"]
 
