@@ -265,3 +265,65 @@ def test_a_silent_node_heard_again_is_reported_back_once() -> None:
     cp.handle(b"n", OLD, codec.encode(Heartbeat(2)), 101.0)
     cp.handle(b"n", OLD, codec.encode(Heartbeat(3)), 102.0)
     assert back == [("n1", 101.0)]
+
+
+async def test_a_node_is_written_to_the_store_only_when_it_changed(tmp_path: Any) -> None:
+    """Every agent says Hello again after a restart, mostly with what it said before: an
+    unchanged node is not written again, a changed one is, and what is stored is what
+    the server knows (issue 12)."""
+    from llmgw.server.orchestrator import Orchestrator
+    from llmgw.server.store import Store
+
+    keys = keyset(**{OLD: ("node", "n1")})
+    gpu = Gpu(0, "GPU-0", "H100", 81920, 81000, "00000000:01:00.0", nvlink_peers={"GPU-1": 18})
+
+    def node_hello(addr: str = "10.0.0.1", gpus: tuple[Gpu, ...] = ()) -> bytes:
+        return codec.encode(Hello(PROTOCOL_VERSION, NodeInfo("n1", addr), Inventory(gpus=gpus)))
+
+    def start(store: Store) -> tuple[ControlPlane, Orchestrator, list[int]]:
+        cp = ControlPlane(config=CONFIG, authorized=keys)
+        orch = Orchestrator(cp, store, CONFIG, 0.0)
+        writes: list[int] = []
+        put = store.put_nodes
+
+        def counting(rows: Any) -> None:
+            rows = list(rows)
+            writes.append(len(rows))
+            put(rows)
+
+        store.put_nodes = counting  # type: ignore[method-assign]
+        return cp, orch, writes
+
+    path = str(tmp_path / "state.db")
+    store = Store(path)
+    cp, orch, writes = start(store)
+    cp.handle(b"a", OLD, node_hello(gpus=(gpu,)), 1.0)
+    await orch._write_nodes()
+    assert writes == [1]
+    cp.handle(b"a", OLD, node_hello(gpus=(gpu,)), 2.0)  # the same again
+    await orch._write_nodes()
+    assert writes == [1]
+    cp.handle(b"a", OLD, node_hello("10.0.0.2", gpus=(gpu,)), 3.0)  # info changed
+    await orch._write_nodes()
+    assert writes == [1, 1]
+    # Changed and changed back before the next pass: nothing to write.
+    cp.handle(b"a", OLD, node_hello("10.0.0.9", gpus=(gpu,)), 4.0)
+    cp.handle(b"a", OLD, node_hello("10.0.0.2", gpus=(gpu,)), 4.5)
+    await orch._write_nodes()
+    assert writes == [1, 1]
+    store.close()
+
+    # A restart: the node says Hello with what the store holds, then with a new GPU.
+    store = Store(path)
+    cp, orch, writes = start(store)
+    cp.handle(b"b", OLD, node_hello("10.0.0.2", gpus=(gpu,)), 10.0)
+    await orch._write_nodes()
+    assert writes == []
+    gpu1 = Gpu(1, "GPU-1", "H100", 81920, 81000, "00000000:02:00.0", nvlink_peers={"GPU-0": 18})
+    cp.handle(b"b", OLD, node_hello("10.0.0.2", gpus=(gpu, gpu1)), 11.0)
+    await orch._write_nodes()
+    assert writes == [1]
+    stored = store.nodes()["n1"]
+    assert stored.info == cp.nodes["n1"].info and stored.inventory == cp.nodes["n1"].inventory
+    assert len(stored.inventory.gpus) == 2
+    store.close()

@@ -31,6 +31,7 @@ from llmgw.config.server import ServerConfig
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
+from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
@@ -101,6 +102,14 @@ class Orchestrator:
         self._endpoints: dict[str, Any] = {}
         self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
+        # What the store holds of each node (info, inventory), to write only what changed:
+        # after a restart every agent says Hello again with what it said before, and
+        # rewriting ten thousand unchanged rows was a share of the storm's CPU. The
+        # objects are the node's own (replaced by the node's equal, interned copies when
+        # a Hello matches), so this costs a tuple per node. Cordon and drain flags are
+        # written by op_cordon alone; `last_seen` is not refreshed by an unchanged Hello
+        # (nothing reads it back: a restarted server starts every node's clock afresh).
+        self._stored: dict[str, tuple[NodeInfo, Inventory]] = {}
         # What reconcile keeps between passes (None: build it from a snapshot), and what
         # changed since the last pass, collected here on the trio side.
         self.rstate: ReconcileState | None = None
@@ -121,6 +130,7 @@ class Orchestrator:
         self.rebuild_notes: list[str] = []
         # Nodes known from before a restart get the long first grace period to return.
         for node_id, stored in store.nodes().items():
+            self._stored[node_id] = (stored.info, stored.inventory)
             cp.nodes[node_id] = Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
                                      now, b"", connected=False, cordoned=stored.cordoned,
                                      draining=stored.draining, silent_since=now)
@@ -236,7 +246,38 @@ class Orchestrator:
         return self.set_generation
 
     def store_later(self, node: Node) -> None:
-        self._pending_nodes[node.node_id] = node
+        """Write the node's info and inventory on the next pass, unless the store has them."""
+        nid = node.node_id
+        now = (node.info, node.inventory)
+        if self._stored.get(nid) == now:  # element by element, identity first: cheap
+            # Keep the node's own (interned) objects rather than the copies read back from
+            # the store; a write still pending for it would only say the same again.
+            self._stored[nid] = now
+            self._pending_nodes.pop(nid, None)
+            return
+        self._pending_nodes[nid] = node
+
+    async def _write_nodes(self) -> None:
+        nodes, self._pending_nodes = self._pending_nodes, {}
+        if not nodes:
+            return
+        # Taken now, and counted as stored now: a Hello that comes while the write runs
+        # in its thread is compared with what this write puts there.
+        rows = [(n.info, n.inventory, n.last_seen) for n in nodes.values()]
+        before = {nid: self._stored.get(nid) for nid in nodes}
+        for nid, (info, inventory, _seen) in zip(nodes, rows, strict=True):
+            self._stored[nid] = (info, inventory)
+        try:
+            await trio.to_thread.run_sync(self.store.put_nodes, rows)
+        except BaseException:
+            # Not written: the store has what it had, and these nodes are written again.
+            for nid, was in before.items():
+                if was is None:
+                    self._stored.pop(nid, None)
+                else:
+                    self._stored[nid] = was
+                self._pending_nodes.setdefault(nid, nodes[nid])
+            raise
 
     # ---- the pass ----
 
@@ -331,10 +372,7 @@ class Orchestrator:
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            nodes, self._pending_nodes = self._pending_nodes, {}
-            if nodes:
-                rows = [(n.info, n.inventory, n.last_seen) for n in nodes.values()]
-                await trio.to_thread.run_sync(self.store.put_nodes, rows)
+            await self._write_nodes()
             before = (self.replicas, self.floor)
             started = trio.current_time()
             try:
