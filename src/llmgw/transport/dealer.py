@@ -50,8 +50,15 @@ async def connect(
     sock.setsockopt(zmq.SNDHWM, 1000)
     sock.setsockopt(zmq.RECONNECT_IVL, 200)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 10_000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 30_000)
+    # No ZMTP heartbeats (HEARTBEAT_IVL): each PING costs the server's I/O thread a
+    # CURVE message in and a PONG out, for every agent every few seconds, and tells the
+    # application nothing. What it would find, a dead server or a half-open connection,
+    # the agent's link finds first: it gives up on a server silent for 3 heartbeat
+    # intervals (agent/link.py; no ack is silence too) and opens a new socket. ctl and the
+    # router ask one request per connection under a timeout (client.py), and their quick
+    # "nothing answers" comes from the socket monitor, not from heartbeats. The agent
+    # sends every interval, so its connection is never idle and TCP keepalive would
+    # never probe; the server keeps keepalive for peers that go quiet (server/service.py).
     sock.curve_secretkey = pair.secret_key
     sock.curve_publickey = pair.public_key
     sock.curve_serverkey = server_public
