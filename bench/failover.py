@@ -7,7 +7,8 @@ and the bench times how long until a standby leads and until every agent is welc
 
 PostgreSQL is Debian's (tests/fakes/postgres.py starts a throwaway cluster; as root it runs
 as the `postgres` user). Each simulated agent is a real CURVE DEALER socket that behaves
-as agent/link.py does: Hello answered within 3 heartbeat intervals or a new socket; a
+as agent/link.py does: Hello answered within 3 heartbeat intervals (given up at once where
+connects are refused) or a new socket; a
 standby's NotLeader sends it to the leader named (transport/follow.py's Follower, the same
 class the agent uses); three silent intervals or HelloFirst end a session; reconnects
 after the agent's jittered backoff (1 s base, 30 s cap).
@@ -57,7 +58,7 @@ async def _worker(servers: list[str], server_key: str, secrets: list[str], inter
     welcomed_by: dict[str, str] = {}  # identity -> the address that last welcomed it
 
     async def handshake(conn: Any, hello: bytes, follower: Follower) -> bool:
-        with trio.move_on_after(max(3 * interval, 1.0)):
+        async def hello_answered() -> bool:
             # With no connection up, the send itself waits: it shares the bound (as in link.py).
             await conn.send(hello)
             while True:
@@ -68,7 +69,17 @@ async def _worker(servers: list[str], server_key: str, secrets: list[str], inter
                 if isinstance(msg, NotLeader):
                     follower.redirected(msg.leader)
                     return False
-        return False
+
+        answer = False
+        with trio.move_on_after(max(3 * interval, 1.0)):
+            async with trio.open_nursery() as nursery:
+                async def nothing_listens() -> None:  # as link.py: give up where connects are refused
+                    await conn.monitor.until_nothing_listens()
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(nothing_listens)
+                answer = await hello_answered()
+                nursery.cancel_scope.cancel()
+        return answer
 
     async def beat(conn: Any, follower: Follower) -> None:
         async def sender() -> None:

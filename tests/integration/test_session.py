@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.engines import free_port
 from fakes.live import Cluster, run_cli, wait_for
 from llmgw.transport import keys
 
@@ -160,3 +161,18 @@ def test_bad_deployment_file_is_refused_before_sending(cluster: Cluster, tmp_pat
     assert r.returncode == 2
     assert str(f) in r.stderr and "Traceback" not in r.stderr
     assert json.loads(cluster.ctl("get", "deployments", "-o", "json").stdout) == []
+
+
+def test_agent_moves_on_at_once_from_an_address_where_nothing_listens(tmp_path: Path) -> None:
+    """A server list whose first address is dead (a failed-over leader): the Hello there is
+    given up as soon as the connects are refused, not after its whole bound (3 heartbeat
+    intervals, 15 s here), and the agent is welcomed at the next address."""
+    c = Cluster(tmp_path, heartbeat="5s")
+    try:
+        c.start_server()
+        dead = f"tcp://127.0.0.1:{free_port()}"
+        agent = c.start_agent("gpu-a-01", server=[dead, c.address], heartbeat_interval="5s")
+        c.wait_states({"gpu-a-01": "ready"}, timeout=10)
+        assert f"nothing answers at {dead}" in agent.text()
+    finally:
+        c.close()

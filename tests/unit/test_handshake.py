@@ -32,6 +32,13 @@ def test_dead_server_is_silence_with_no_tcp_connection() -> None:
                                "times (is `llmgw server` running there?)")
 
 
+def test_nothing_listens_after_three_refused_connects_and_no_connection() -> None:
+    assert not _fold(*DEAD, *DEAD).nothing_listens()
+    assert _fold(*DEAD, *DEAD, *DEAD).nothing_listens()
+    # A listener that took one connection is not "nothing": wait out the Hello's bound.
+    assert not _fold(*DEAD, *DROPPED, *DEAD, *DEAD).nothing_listens()
+
+
 def test_refused_key_is_final_at_once() -> None:
     found = _fold((zmq.EVENT_CONNECTED, 12), (zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)).verdict()
     assert isinstance(found, RefusedError) and found.exit_code == 3

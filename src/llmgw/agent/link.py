@@ -130,23 +130,52 @@ async def _recv(conn: Connection) -> Message:
 
 async def _handshake(conn: Connection, hooks: LinkHooks, settings: LinkSettings) -> None:
     timeout = max(settings.heartbeat_interval * MISSED_BEFORE_LOST, 1.0)
+    started = trio.current_time()
+    welcomed, failure = False, None
     with trio.move_on_after(timeout):
-        # With no connection up, the send itself waits: it shares the bound.
-        await conn.send(codec.encode(hooks.hello()))
-        while True:
-            msg = await _recv(conn)
-            if isinstance(msg, Refused):
-                raise RefusedError(f"the server refused this agent: {msg.reason}")
-            if isinstance(msg, Welcome):
-                log.info("connected to the server as %s", msg.node_id)
-                return
-            if isinstance(msg, NotLeader):
-                _not_leader(hooks, msg)
-            log.debug("ignored %s before Welcome", codec.kind_of(msg))
+        async with trio.open_nursery() as nursery:
+            # Where nothing listens (the server died; after a failover the leader is at
+            # another address) the Hello is given up in under a second, not after the
+            # whole bound: the connector moves on, and agents find the new leader sooner.
+            nursery.start_soon(_give_up_where_nothing_listens, conn, nursery.cancel_scope)
+            try:
+                await _hello(conn, hooks)
+                welcomed = True
+            except (_Lost, RefusedError) as exc:
+                failure = exc  # raised below, not wrapped in the nursery's exception group
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    if welcomed:
+        return
     # A socket transport can say why (nothing listens, our key refused...); the
     # in-memory transports of the timing tests have no handshake to explain.
+    waited = trio.current_time() - started
     explain = getattr(conn, "explain_silence", None)
-    raise _Lost(explain(timeout) if explain else f"no answer to Hello within {timeout:g}s")
+    raise _Lost(explain(waited) if explain else f"no answer to Hello within {waited:g}s")
+
+
+async def _hello(conn: Connection, hooks: LinkHooks) -> None:
+    # With no connection up, the send itself waits: it shares the bound.
+    await conn.send(codec.encode(hooks.hello()))
+    while True:
+        msg = await _recv(conn)
+        if isinstance(msg, Refused):
+            raise RefusedError(f"the server refused this agent: {msg.reason}")
+        if isinstance(msg, Welcome):
+            log.info("connected to the server as %s", msg.node_id)
+            return
+        if isinstance(msg, NotLeader):
+            _not_leader(hooks, msg)
+        log.debug("ignored %s before Welcome", codec.kind_of(msg))
+
+
+async def _give_up_where_nothing_listens(conn: Connection, scope: trio.CancelScope) -> None:
+    monitor = getattr(conn, "monitor", None)  # the CURVE DEALER's (transport/dealer.py)
+    if monitor is None:  # the in-memory transports of the timing tests
+        return
+    await monitor.until_nothing_listens()
+    scope.cancel()
 
 
 def _not_leader(hooks: LinkHooks, msg: NotLeader) -> None:

@@ -21,6 +21,7 @@ is the thin shell that reads them from the monitor socket.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -41,6 +42,9 @@ EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CLOSED
 # A server restarting mid-handshake drops one connection; a wrong server_key drops every
 # one. Two in a row, with no success between, is the key.
 DROPS_BEFORE_VERDICT = 2
+# libzmq retries a refused connect every RECONNECT_IVL (200 ms for llmgw's DEALERs): three
+# refusals is well under a second, and a listener that is merely slow still accepts.
+UNREACHABLE_RETRIES = 3
 
 
 @define
@@ -91,6 +95,12 @@ class HandshakeLog:
         return (f"no CURVE handshake with {self.address}: {what}; wrong server_key{key}, "
                 "or not an llmgw server")
 
+    def nothing_listens(self) -> bool:
+        """TCP connects refused UNREACHABLE_RETRIES times in a row and none made: waiting
+        out a Hello's whole bound there is time lost (a server that died, when another
+        address may lead)."""
+        return self.connects == 0 and self.retries >= UNREACHABLE_RETRIES
+
     def silence(self, waited: float) -> str:
         """Why nothing came back within `waited` seconds, as far as the monitor knows."""
         if self.succeeded:
@@ -123,16 +133,23 @@ class Monitor:
 
     async def watch(self) -> LlmgwError:
         """Wait for a verdict (an auth refusal, a wrong server key); returns it."""
-        while True:
-            found = self.drain().verdict()
-            if found is not None:
-                return found
+        await self._until(lambda hlog: hlog.verdict() is not None)
+        found = self.log.verdict()
+        assert found is not None
+        return found
+
+    async def until_nothing_listens(self) -> None:
+        """Return once connects to the address have been refused again and again."""
+        await self._until(HandshakeLog.nothing_listens)
+
+    async def _until(self, done: Callable[[HandshakeLog], bool]) -> None:
+        while not done(self.drain()):
             try:
                 if self._mon is None:
                     raise trio.ClosedResourceError
                 frames = await self._mon.recv_frames()
             except trio.ClosedResourceError:
-                # Closed because the handshake is done: no verdict will ever come.
+                # Closed because the handshake is done: nothing more will come.
                 await trio.sleep_forever()
                 raise AssertionError("unreachable") from None
             self._feed(frames)
