@@ -23,7 +23,10 @@ from llmgw.transport.zmqtrio import TrioSocket
 log = logging.getLogger(__name__)
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+# Plain ints: pyzmq's recv_multipart/send_multipart do IntFlag arithmetic per frame.
 _NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
 BURST = 256  # ZAP requests answered per wake-up, at most
 
 
@@ -76,15 +79,21 @@ async def serve_zap(
                 if not sock.readable():
                     break
                 try:
-                    frames = raw.recv_multipart(_NOBLOCK)
+                    frames = [raw.recv(_NOBLOCK)]
                 except zmq.Again:
                     break
+                while raw.get(_RCVMORE):  # a message's frames arrive together
+                    frames.append(raw.recv(_NOBLOCK))
                 reply = zap_reply(frames, lookup)
                 if reply[2] != b"200":
                     on_denied(reply[3].decode())  # our own fixed text, e.g. "unknown key"
                 try:
-                    raw.send_multipart(reply, _NOBLOCK)
+                    raw.send(reply[0], _NOBLOCK_MORE)  # once the first frame is in, all are
                 except zmq.Again:  # never seen on inproc; REP must reply before its next recv
                     await sock.send_multipart(reply)
+                    continue
+                for part in reply[1:-1]:
+                    raw.send(part, _NOBLOCK_MORE)
+                raw.send(reply[-1], _NOBLOCK)
             else:
                 await trio.lowlevel.checkpoint()
