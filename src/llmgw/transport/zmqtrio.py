@@ -127,28 +127,12 @@ class TrioSocket:
             self._after_io()
             return
 
-    def try_send_multipart(self, parts: list[bytes]) -> bool:
-        """Send now or not at all. For a ROUTER, whose POLLOUT says nothing about one peer:
-        a peer at its high-water mark, or gone, loses this message (the caller logs it).
-        So does any peer once the socket is closed."""
-        if self._closed:
-            return False
-        try:
-            self.sock.send_multipart(parts, zmq.NOBLOCK)
-        except zmq.Again:
-            return False
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                return False
-            raise
-        finally:
-            self._after_io()
-        return True
-
     def try_send_routed(self, routing_id: bytes, payload: bytes) -> bool:
-        """try_send_multipart([routing_id, payload]) for a ROUTER, without building the
-        list: two sends, the first with SNDMORE. With ROUTER_MANDATORY an unknown peer or
-        a full one fails on the first frame, so nothing half-sent is left behind."""
+        """Send [routing_id, payload] on a ROUTER now or not at all: POLLOUT says nothing
+        about one peer, so a peer at its high-water mark, or gone, loses this message (the
+        caller logs it); so does any peer once the socket is closed. Two sends, the first
+        with SNDMORE: with ROUTER_MANDATORY an unknown or full peer fails on the first
+        frame, so nothing half-sent is left behind."""
         if self._closed:
             return False
         sock = self.sock
