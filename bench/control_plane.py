@@ -210,13 +210,16 @@ def _welcomed(meet: Path, column: int = 0) -> int:
     return total
 
 
-def _start_server(root: Path, config: Path, log_name: str) -> subprocess.Popen[bytes]:
+def _start_server(root: Path, config: Path, log_name: str,
+                  ready: bytes = b"listening on") -> subprocess.Popen[bytes]:
+    """`llmgw server` as its own process, once its log says `ready` (a standby of several
+    servers says "standby on")."""
     log_path = root / log_name
     with open(log_path, "wb") as log:
         server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config", str(config)],
                                   stdout=log, stderr=subprocess.STDOUT, preexec_fn=_raise_fd_limit)
     t0 = time.monotonic()
-    while b"listening on" not in log_path.read_bytes():
+    while ready not in log_path.read_bytes():
         if server.poll() is not None or time.monotonic() - t0 > 120:
             raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
         time.sleep(0.05)

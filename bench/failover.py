@@ -163,24 +163,9 @@ def _leads(log: Path) -> bool:
     return LEADING.search(log.read_bytes()) is not None
 
 
-def _start_server(root: Path, config: Path, log_name: str) -> subprocess.Popen[bytes]:
-    from control_plane import _raise_fd_limit  # type: ignore[import-not-found]
-
-    log_path = root / log_name
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config", str(config)],
-                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=_raise_fd_limit)
-    t0 = time.monotonic()
-    while b"standby on" not in log_path.read_bytes():
-        if server.poll() is not None or time.monotonic() - t0 > 60:
-            raise SystemExit(f"the server did not start: {log_path.read_text()[-2000:]}")
-        time.sleep(0.05)
-    return server
-
-
 def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, float]:
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from control_plane import _raise_fd_limit, _stop  # type: ignore[import-not-found]
+    from control_plane import _raise_fd_limit, _start_server, _stop  # type: ignore[import-not-found]
 
     from fakes.engines import free_port  # type: ignore[import-not-found]
     from fakes.postgres import PgServer, pg_bin  # type: ignore[import-not-found]
@@ -214,11 +199,11 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
         workers: list[subprocess.Popen[bytes]] = []
         try:
             # The first leads (it starts alone and wins the empty lease); the second waits.
-            servers.append(_start_server(root, configs[0], "server-0.log"))
+            servers.append(_start_server(root, configs[0], "server-0.log", b"standby on"))
             t0 = time.monotonic()
             while not _leads(root / "server-0.log") and time.monotonic() - t0 < 60:
                 time.sleep(0.05)
-            servers.append(_start_server(root, configs[1], "server-1.log"))
+            servers.append(_start_server(root, configs[1], "server-1.log", b"standby on"))
             for i in range(0, n, per_worker):
                 sf = root / f"secrets-{i}"
                 sf.write_text("\n".join(str(kd / f"{nm}.key_secret") for nm in names[i:i + per_worker]))
