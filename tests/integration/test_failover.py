@@ -30,7 +30,8 @@ from fakes.nvidia_smi import pcie_box
 from fakes.postgres import PgServer
 from fakes.tcpproxy import TcpProxy
 
-pytestmark = pytest.mark.slow
+# Its own tier (about 1.5 min): `pytest -m failover`, a step of .ci/run of its own.
+pytestmark = [pytest.mark.slow, pytest.mark.failover]
 
 LEASE = 3.0
 
