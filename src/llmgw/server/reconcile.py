@@ -120,7 +120,7 @@ def reconcile_dirty(
         rolled = {name for name in state.dirty_deployments if name in deployments}
     p = Pass(state, now, settings, generation_floor)
     for _ in range(_ROUNDS):
-        grown = _grown(state)
+        grown = state.grown
         for rid in sorted(ids):
             r = p.work[rid]
             d = deployments.get(r.deployment)
@@ -131,7 +131,7 @@ def reconcile_dirty(
             _observe(p, r, holding)
         for name in sorted(rolled):
             roll_deployment(p, deployments[name])
-        if _grown(state) == grown:
+        if state.grown == grown:
             break
         # Room this round freed (a deleted deployment, a scale-down, a replacement that
         # took over) goes to what waits for room in this pass, not at the next event;
@@ -161,10 +161,6 @@ def reconcile_dirty(
 
 
 _ROUNDS = 3  # observe-and-roll rounds in one pass, while the rollout frees room
-
-
-def _grown(state: ReconcileState) -> int:
-    return state.view({}).grown if state.indexed else -1
 
 
 def _waits_for_room(r: Replica | None) -> bool:

@@ -76,7 +76,9 @@ class Pass:
 
     def hash(self, spec: Deployment) -> str:
         # By id within the pass: every spec it sees stays alive until it ends (held by
-        # the state's replicas, the work or the deployments), so no id is reused.
+        # the state's replicas, the work or the deployments), so no id is reused. A plain
+        # dict in front of the state's weakref-checked cache: the rollout asks once per
+        # replica, thousands of times a pass (measured: a third of a scale-up's pass).
         h = self._hashes.get(id(spec))
         if h is None:
             h = self._hashes[id(spec)] = self.state.template_hash(spec)

@@ -138,6 +138,11 @@ class ReconcileState:
     def indexed(self) -> bool:
         return self._view is not None
 
+    @property
+    def grown(self) -> int:
+        """The index's count of times room was freed (-1 while there is no index)."""
+        return self._view.grown if self._view is not None else -1
+
     def is_clean(self, now: float) -> bool:
         return not (self.everything or self.dirty_nodes or self.dirty_deployments
                     or self.dirty_replicas or self.due(now))
