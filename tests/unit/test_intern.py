@@ -6,7 +6,7 @@ from attrs import evolve
 
 from fakes.cluster import node
 from llmgw.model.inventory import Hca, IbPort, Inventory
-from llmgw.server.intern import Interner
+from llmgw.server.intern import MAX_WEIGHT, Interner
 from llmgw.transport import codec
 from llmgw.transport.messages import InventoryChanged
 
@@ -29,7 +29,12 @@ def test_interned_inventory_is_equal_and_shares_parts() -> None:
     assert ia.gpus[0].name is ib.gpus[0].name
     assert ia.gpus[3].pci_bus_id is ib.gpus[3].pci_bus_id
     assert ia.hcas[0].ports is ib.hcas[0].ports
-    assert ia.fabrics is ib.fabrics and ia.storage is ib.storage
+    # Containers whose length the node decides are shared element by element.
+    assert ia.fabrics[0] is ib.fabrics[0]
+    assert ia.storage.models and ia.storage.models[0] is ib.storage.models[0]
+    # Said again, an inventory keeps the objects it already has.
+    again = interner.inventory(ia)
+    assert again.fabrics is ia.fabrics and again.storage.models is ia.storage.models
     # NVLink peers are named by the peers' own uuid strings, not copies of them.
     uuids = {id(g.uuid) for g in ia.gpus}
     assert all(id(p) in uuids for g in ia.gpus for p in g.nvlink_peers)
@@ -41,3 +46,17 @@ def test_the_table_is_bounded() -> None:
         assert interner(f"value-{i}") == f"value-{i}"
         assert len(interner) <= 10
     assert interner({"unhashable": 1}) == {"unhashable": 1}
+
+
+def test_heavy_values_are_not_kept() -> None:
+    """A node that keeps sending new, large values cannot fill the table with them: a
+    value past MAX_WEIGHT is returned as it is and not remembered."""
+    interner = Interner(limit=10)
+    for i in range(100):
+        big = (f"{i}-" + "x" * MAX_WEIGHT,)
+        assert interner(big) is big
+    assert len(interner) == 0
+    small = ("a", "b")
+    assert interner(small) is small and len(interner) == 1
+    heavy_copy = evolve(inventory("n1").storage.models[0], path="/m/" + "p" * MAX_WEIGHT)
+    assert interner(heavy_copy) is heavy_copy and len(interner) == 1
