@@ -11,8 +11,19 @@ from attrs import field, frozen
 
 
 @frozen
+class GpuProcess:
+    """A compute process holding memory on a GPU that is not an engine this agent runs
+    (a training job, a notebook, an engine left over from before): placement counts its
+    memory as taken, and a refused start names it."""
+
+    pid: int
+    command: str  # its command line, shortened (NVML's process name where /proc is closed)
+    memory: int  # MiB it holds on this GPU; 0: not reported (MIG, older drivers)
+
+
+@frozen
 class Gpu:
-    index: int
+    index: int  # NVML's index, which CUDA uses under CUDA_DEVICE_ORDER=PCI_BUS_ID
     uuid: str
     name: str
     memory_total: int  # MiB
@@ -22,6 +33,28 @@ class Gpu:
     compute_capability: str = ""  # e.g. "9.0"
     # Peer GPU UUID -> number of NVLink links between the two.
     nvlink_peers: dict[str, int] = field(factory=dict)
+    # Why this GPU may not be placed, one line each ("lost: GPU is lost", "MIG mode is
+    # on", "2 volatile uncorrected ECC errors", "row remap pending", "NVSwitch fabric not
+    # ready (in progress)", "Xid 79 at ..."); empty: healthy. A replica on a GPU that
+    # turns unhealthy is moved away (replacement first), as a drain moves it.
+    problems: tuple[str, ...] = ()
+    # Compute processes on it that are not engines this agent runs.
+    processes: tuple[GpuProcess, ...] = ()
+    # Non-empty: an engine stopped here and its memory has not come back yet (the
+    # replica id and what is still there); never placed until it has.
+    releasing: str = ""
+    # PCIe ancestry, root port first, the device last, in sysfs names:
+    # ("pci0000:17", "0000:17:01.0", "0000:18:00.0", "0000:19:00.0"); empty: unknown.
+    pci_path: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    @property
+    def placeable(self) -> bool:
+        """Healthy and not releasing: placement may give it to a replica."""
+        return not self.problems and not self.releasing
 
 
 class GpuSource(enum.StrEnum):
@@ -51,6 +84,10 @@ class Hca:
     name: str  # e.g. "mlx5_0"
     node_guid: str
     ports: tuple[IbPort, ...] = ()
+    # PCIe ancestry as for Gpu.pci_path (the fabric work pairs GPUs with their nearest
+    # HCAs by it); empty: unknown.
+    pci_path: tuple[str, ...] = ()
+    numa_node: int | None = None
 
 
 class FabricState(enum.StrEnum):

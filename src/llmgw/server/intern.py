@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from attrs import evolve
 
-from llmgw.model.inventory import Gpu, Hca, Inventory
+from llmgw.model.inventory import Gpu, Inventory
 
 T = TypeVar("T")
 
@@ -58,6 +58,7 @@ class Interner:
             name=self(g.name),
             pci_bus_id=self(g.pci_bus_id),
             compute_capability=self(g.compute_capability),
+            pci_path=self(g.pci_path),
             nvlink_peers={uuids.get(p, p): n for p, n in g.nvlink_peers.items()},
         )
 
@@ -66,7 +67,8 @@ class Interner:
         return evolve(
             inv,
             gpus=tuple(self.gpu(g, uuids) for g in inv.gpus),
-            hcas=tuple(Hca(self(h.name), h.node_guid, self(h.ports)) for h in inv.hcas),
+            hcas=tuple(evolve(h, name=self(h.name), ports=self(h.ports), pci_path=self(h.pci_path))
+                       for h in inv.hcas),
             fabrics=self.each(inv.fabrics),
             unlabelled_hcas=self.each(inv.unlabelled_hcas),
             storage=evolve(inv.storage, models=self.each(inv.storage.models)),
