@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from fakes.cluster import node
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
-from llmgw.model.inventory import FabricState, StorageReport
+from llmgw.model.gpu_need import memory_need
+from llmgw.model.inventory import FabricState, GpuProcess, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.placement import ClusterView, NodeView, Placement, place
 from llmgw.server.reconcile import desired_sets, reconcile
@@ -46,9 +47,24 @@ def node_views(draw: st.DrawFn, node_id: str) -> NodeView:
         cordoned=draw(st.booleans()) and draw(st.booleans()),
         port_range=(20000, 20000 + draw(st.sampled_from([3, 40, 1000]))),
     )
-    uuids = [g.uuid for g in v.inventory.gpus]
-    used = draw(st.sets(st.sampled_from(uuids))) if uuids else set()
-    return evolve(v, used_gpus=frozenset(used))
+    # GPUs others hold: unhealthy, releasing, or most of their memory taken.
+    marked = []
+    for g in v.inventory.gpus:
+        how = draw(st.sampled_from(["ok"] * 5 + ["sick", "releasing", "held"]))
+        if how == "sick":
+            g = evolve(g, problems=("row remap pending",))
+        elif how == "releasing":
+            g = evolve(g, releasing="d-0 stopped; 70 GiB still held")
+        elif how == "held":
+            g = evolve(g, memory_free=10240, processes=(GpuProcess(4242, "python train.py", g.memory_total - 10240),))
+        marked.append(g)
+    return evolve(v, inventory=evolve(v.inventory, gpus=tuple(marked)))
+
+
+def usable(v: NodeView, d: Deployment) -> set[str]:
+    """The GPUs of `v` a replica of `d` may have: placeable, with its need free."""
+    return {g.uuid for g in v.inventory.gpus if g.placeable and g.memory_free
+            >= memory_need(d.engine, d.args, g.memory_total, d.gpu_memory_min)}
 
 
 @st.composite
@@ -97,7 +113,7 @@ def test_no_gpu_or_port_given_twice(c: dict[str, NodeView], ds: list[Deployment]
             continue
         view.reserve(p.members)
         for m in p.members:
-            assert not set(m.gpus) & c[m.node_id].used_gpus
+            assert set(m.gpus) <= usable(c[m.node_id], d)
             assert {g.uuid for g in c[m.node_id].inventory.gpus} >= set(m.gpus)
             assert len(m.gpus) == d.gpus_per_node
             gpus += m.gpus

@@ -9,6 +9,11 @@ node's view changed (`update_node`), a replica's members taken or given back
 an index built from scratch over the same nodes and replicas (the property tests check
 it); only the order in which equal nodes are tried, a tie-break, may differ.
 
+A GPU is free when no replica of ours holds it and it is placeable (healthy, not
+releasing: the agent's inventory says); whether its free memory suits a deployment is
+placement's question (`_fit`), asked of the few nodes the buckets offer. The memory_free
+of a GPU one of our replicas holds counts that engine's use: such a GPU is taken anyway.
+
 A plain value owned by its caller; no I/O, no clock.
 """
 
@@ -33,8 +38,8 @@ class NodeView:
     state: NodeState = NodeState.READY
     cordoned: bool = False
     draining: bool = False  # cordoned, and its replicas are being moved away
-    # GPUs and ports taken by something placement does not see as a replica.
-    used_gpus: frozenset[str] = frozenset()
+    # Ports taken by something placement does not see as a replica. (GPUs others hold
+    # are in the inventory: Gpu.processes, memory_free, problems, releasing.)
     used_ports: frozenset[int] = frozenset()
     # Ports the node reported in conflict (held by a process that is not ours): never
     # assigned on this node (the server's Node.conflict_ports).
@@ -45,7 +50,7 @@ class NodeView:
 class _Node:
     __slots__ = (
         "addr", "cache", "fabrics", "fixed", "free", "gpu_name", "gpus", "hi", "id", "labels",
-        "lacked", "lo", "ports", "reject", "view",
+        "lacked", "lo", "out", "ports", "reject", "view",
     )
 
     def __init__(
@@ -57,8 +62,9 @@ class _Node:
         self.addr = view.info.mgmt_addr
         self.labels = view.info.labels
         self.gpus: dict[str, Gpu] = {g.uuid: g for g in inv.gpus}
-        self.free = [g.uuid for g in inv.gpus
-                     if g.uuid not in view.used_gpus and not taken_gpus.get(g.uuid)]
+        # Never given, whatever our replicas do: unhealthy or releasing (the inventory's).
+        self.out = frozenset(g.uuid for g in inv.gpus if not g.placeable)
+        self.free = [g.uuid for g in inv.gpus if g.uuid not in self.out and not taken_gpus.get(g.uuid)]
         # Engine kind -> why this node cannot start it.
         self.lacked = {
             e.kind: f"lacked engine {e.kind} ({e.key}: {e.reason})" if e.key
@@ -75,7 +81,8 @@ class _Node:
         first = names[0] if names else ""
         # The node's GPU model: the most common name (nodes are nearly always uniform).
         self.gpu_name = first if names.count(first) == len(names) else max(names, key=names.count)
-        self.cache: dict[tuple[int, int], tuple[tuple[str, ...], bool] | None] = {}
+        # _fit's answers by (GPU count, engine, args, gpu_memory_min), until the node changes.
+        self.cache: dict[tuple[Any, ...], tuple[tuple[str, ...], bool] | None] = {}
         self.reject = ""
         if view.state != NodeState.READY:
             self.reject = f"were {view.state}"
@@ -235,8 +242,8 @@ class ClusterView:
         indexed = not n.reject
         if indexed:
             self._unindex(n)
-        used = n.view.used_gpus
-        n.free = [u for u in n.gpus if u not in used and not gpus.get(u)]
+        out = n.out
+        n.free = [u for u in n.gpus if u not in out and not gpus.get(u)]
         for p in bound:
             if ports.get(p):
                 n.ports.add(p)

@@ -2,13 +2,24 @@
 
 Filters: the node is ready and neither cordoned nor draining; it can start the
 deployment's engine kind (an inventory that does not say counts as able); its labels
-match the selector; it has enough free GPUs of at least `gpu_memory_min`; for a gang
-(`nodes > 1`) every member shares one fabric that is not down on any of them and has the
-same GPU model. Islands (no fabrics) never hold a multi-node replica.
+match the selector; it has enough free GPUs; for a gang (`nodes > 1`) every member
+shares one fabric that is not down on any of them and has the same GPU model. Islands
+(no fabrics) never hold a multi-node replica.
+
+A free GPU is one no replica of ours holds, placeable (healthy and not releasing, as the
+agent reports it) and with at least the engine's need in free memory:
+`memory_need(engine, args, total, gpu_memory_min)` (vLLM's --gpu-memory-utilization x
+total, SGLang's --mem-fraction-static, 0.9 by default; gpu_memory_min a floor). vLLM
+refuses to start below that, so a GPU other processes hold is no answer at all.
 
 Preference, never a filter, in this order: holding complete weights for the model (for
 a gang, the more members that hold them the better); then NVLink fit of the
 tensor-parallel group; then the strategy (pack: fewest free GPUs, spread: most).
+
+When nothing fits, `explain` counts the nodes by why, and for a few nodes that GPUs
+other than ours kept out, names what: "n3: GPU 2 unhealthy (row remap pending); GPUs
+0,1 held by other processes (pid 4242 python train.py 61 GiB); 3 GPUs with >= 72 GiB
+free, 4 needed". Bounded in length, whatever the nodes report.
 
 Speed: a ClusterView (cluster_view.py) indexes the nodes (free-GPU buckets per fabric and
 GPU model, an inverted index of who holds which model) so that one placement looks at a
@@ -18,6 +29,8 @@ passes by the reconcile state and updated by deltas.
 
 from __future__ import annotations
 
+import functools
+import heapq
 from collections import Counter
 from collections.abc import Mapping
 
@@ -25,6 +38,8 @@ from attrs import field, frozen
 
 from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
 from llmgw.model.engine import EngineKind
+from llmgw.model.gpu_need import memory_need
+from llmgw.model.inventory import Gpu
 
 from .cluster_view import ClusterView, NodeView, _Group, _Node
 from .gpu_pick import pick_gpus
@@ -60,6 +75,11 @@ def _ports_needed(d: Deployment, head: bool) -> int:
     return count
 
 
+# MiB free an engine needs on a GPU, cached: _fit asks for every node it tries, and
+# parsing the args each time would cost more than the rest of the fit.
+_need = functools.lru_cache(maxsize=4096)(memory_need)
+
+
 def _fit(n: _Node, d: Deployment) -> tuple[tuple[str, ...], bool] | None:
     """The GPUs this node would give, and whether they are an NVLink clique; None: no fit."""
     need = d.gpus_per_node
@@ -68,16 +88,31 @@ def _fit(n: _Node, d: Deployment) -> tuple[tuple[str, ...], bool] | None:
     for k, v in d.selector.items():
         if n.labels.get(k) != v:
             return None
-    key = (need, d.gpu_memory_min)
+    key = (need, d.engine, d.args, d.gpu_memory_min)
     if key in n.cache:
         return n.cache[key]
     result: tuple[tuple[str, ...], bool] | None = None
     if (n.hi - n.lo + 1) - len(n.ports) >= _ports_needed(d, True):
-        free = [n.gpus[u] for u in n.free if n.gpus[u].memory_total >= d.gpu_memory_min]
+        free = _roomy(n, d)
         if len(free) >= need:
             result = pick_gpus(free, need)
     n.cache[key] = result
     return result
+
+
+def _roomy(n: _Node, d: Deployment) -> list[Gpu]:
+    """The node's free GPUs (no replica of ours, placeable) with the engine's need free."""
+    gpus = n.gpus
+    needs: dict[int, int] = {}  # by GPU size: a node's GPUs are nearly always alike
+    out = []
+    for u in n.free:
+        g = gpus[u]
+        want = needs.get(g.memory_total)
+        if want is None:
+            want = needs[g.memory_total] = _need(d.engine, d.args, g.memory_total, d.gpu_memory_min)
+        if g.memory_free >= want:
+            out.append(g)
+    return out
 
 
 @frozen
@@ -249,42 +284,147 @@ def _free_block(n: _Node, taken: set[int], size: int) -> int | None:
 # ---------------------------------------------------------------- explaining
 
 
+_DETAILED = 3  # nodes whose GPUs one reason names, the closest to fitting first
+_DETAIL_CHARS = 300  # of one node's account
+_ITEMS = 2  # problems or processes named per group of GPUs; the rest are counted
+_TEXT_CHARS = 48  # of one problem, command or releasing reason, as the agent sent it
+
+
 def _reject(n: _Node, d: Deployment, exclude: frozenset[str]) -> str:
+    return _why(n, d, exclude)[0]
+
+
+def _why(n: _Node, d: Deployment, exclude: frozenset[str]) -> tuple[str, int]:
+    """Why `n` does not fit (empty: it does), and, where GPUs other than those our
+    replicas hold kept it out (unhealthy, releasing, held by other processes, short of
+    memory), how many of its GPUs would do; -1 otherwise."""
     if n.reject:
-        return n.reject
+        return n.reject, -1
     if n.id in exclude:
-        return "were excluded"
+        return "were excluded", -1
     if any(n.labels.get(k) != v for k, v in d.selector.items()):
-        return "lacked labels " + ",".join(f"{k}={v}" for k, v in sorted(d.selector.items()))
+        return "lacked labels " + ",".join(f"{k}={v}" for k, v in sorted(d.selector.items())), -1
     if d.engine in n.lacked:
-        return n.lacked[d.engine]
-    mem = d.gpu_memory_min
-    usable = [u for u in n.free if n.gpus[u].memory_total >= mem]
-    if len(usable) < d.gpus_per_node:
-        plural = "s" if d.gpus_per_node != 1 else ""
-        what = f"{d.gpus_per_node} free GPU{plural}"
-        return f"lacked {what} of {mem} MiB" if mem else f"lacked {what}"
+        return n.lacked[d.engine], -1
+    k = d.gpus_per_node
+    roomy = _roomy(n, d)
+    if len(roomy) < k:
+        what = f"lacked {k} free GPU{'s' if k != 1 else ''}"
+        ok = {g.uuid for g in roomy}
+        short = [n.gpus[u] for u in n.free if u not in ok]
+        blocked = bool(n.out)
+        if short:
+            needs = [_need(d.engine, d.args, g.memory_total, d.gpu_memory_min) for g in short]
+            what += f" with {_gib(max(needs))} free"
+            # Short because something uses the memory, not because the GPU is too small.
+            blocked = blocked or any(g.memory_total >= w for g, w in zip(short, needs, strict=True))
+        return what, len(roomy) if blocked else -1
     if (n.hi - n.lo + 1) - len(n.ports) < _ports_needed(d, True):
-        return "lacked free ports"
+        return "lacked free ports", -1
     if d.nodes > 1:
         if not n.view.inventory.fabrics:
-            return "lacked fabric"
+            return "lacked fabric", -1
         if not n.fabrics:
-            return "had their fabric down"
-    return ""
+            return "had their fabric down", -1
+    return "", -1
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 10240 else f"{mib / 1024:.1f} GiB"
+
+
+def _text(s: str) -> str:
+    """What a node sent, fit for one line of a reason: printable, bounded."""
+    s = "".join(c if c.isprintable() else "?" for c in s[: _TEXT_CHARS + 1])
+    return s if len(s) <= _TEXT_CHARS else s[: _TEXT_CHARS - 1] + "…"
+
+
+def _listed(items: list[str]) -> str:
+    more = len(items) - _ITEMS
+    return ", ".join(items[:_ITEMS]) + (f", +{more} more" if more > 0 else "")
+
+
+def _which(indexes: list[int]) -> str:
+    """"GPU 3", "GPUs 0-3,6": runs of indexes; at most 8 runs named."""
+    runs: list[list[int]] = []
+    for i in sorted(indexes):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs[:8])
+    more = f",+{len(runs) - 8} more" if len(runs) > 8 else ""
+    return f"GPU{'s' if len(indexes) != 1 else ''} {shown}{more}"
+
+
+def _gpu_account(n: _Node, d: Deployment, roomy: int) -> str:
+    """What keeps `n`'s GPUs from a replica of `d`, GPU by GPU, grouped by cause:
+    "GPU 2 unhealthy (row remap pending); GPUs 0,1 held by other processes (pid 4242
+    python train.py 61 GiB); GPU 4 releasing (...); 3 GPUs with >= 72 GiB free, 4 needed"."""
+    free = set(n.free)
+    unhealthy: dict[tuple[str, ...], list[int]] = {}
+    releasing: dict[str, list[int]] = {}
+    held: dict[tuple[tuple[int, str, int], ...], list[int]] = {}
+    short: list[tuple[int, int]] = []
+    small: list[int] = []
+    ours: list[int] = []
+    need = 0
+    for g in n.gpus.values():
+        if g.problems:
+            unhealthy.setdefault(g.problems, []).append(g.index)
+        elif g.releasing:
+            releasing.setdefault(g.releasing, []).append(g.index)
+        elif g.uuid not in free:
+            ours.append(g.index)
+        else:
+            want = _need(d.engine, d.args, g.memory_total, d.gpu_memory_min)
+            need = max(need, want)
+            if g.memory_free >= want:
+                continue
+            if g.memory_total < want:
+                small.append(g.index)
+            elif g.processes:
+                key = tuple((p.pid, p.command, p.memory) for p in g.processes)
+                held.setdefault(key, []).append(g.index)
+            else:
+                short.append((g.index, g.memory_free))
+    parts = [f"{_which(ix)} unhealthy ({_listed([_text(p) for p in why])})"
+             for why, ix in sorted(unhealthy.items(), key=lambda x: min(x[1]))]
+    for procs, ix in sorted(held.items(), key=lambda x: min(x[1])):
+        names = [f"pid {pid} {_text(cmd)}" + (f" {_gib(mem)}" if mem else "")
+                 for pid, cmd, mem in procs]
+        parts.append(f"{_which(ix)} held by other processes ({_listed(names)})")
+    if short:
+        least = min(m for _, m in short)
+        parts.append(f"{_which([i for i, _ in short])} short of memory ({_gib(least)} free)")
+    parts += [f"{_which(ix)} releasing ({_text(why)})"
+              for why, ix in sorted(releasing.items(), key=lambda x: min(x[1]))]
+    if small:
+        parts.append(f"{_which(small)} too small")
+    if ours:
+        parts.append(f"{_which(ours)} held by replicas")
+    k = d.gpus_per_node
+    enough = f" with >= {_gib(need)} free" if need else " free"
+    parts.append(f"{roomy} GPU{'s' if roomy != 1 else ''}{enough}, {k} needed")
+    out = "; ".join(parts)
+    return out if len(out) <= _DETAIL_CHARS else out[: _DETAIL_CHARS - 1] + "…"
 
 
 def explain(
     d: Deployment, view: ClusterView, exclude: frozenset[str] = frozenset()
 ) -> Unschedulable:
-    """Why no node (or no fabric, for a gang) fits, aggregated over the nodes."""
+    """Why no node (or no fabric, for a gang) fits, aggregated over the nodes; then, for
+    the few nodes closest to fitting that GPUs other than ours kept out, what did."""
     counts: Counter[str] = Counter()
     fit = 0
     by_group: Counter[tuple[str, str]] = Counter()
+    close: list[tuple[int, str]] = []
     for n in view.nodes.values():
-        why = _reject(n, d, exclude)
+        why, roomy = _why(n, d, exclude)
         if why:
             counts[why] += 1
+            if roomy >= 0:
+                close.append((-roomy, n.id))
         else:
             fit += 1
             for fabric in n.fabrics:
@@ -304,4 +444,9 @@ def explain(
         head = f"0/{total} nodes fit"
     if not total:
         parts = ["no nodes known"]
-    return Unschedulable(reason=f"{head}: " + ", ".join(parts), counts=dict(counts))
+    reason = f"{head}: " + ", ".join(parts)
+    for minus, nid in heapq.nsmallest(_DETAILED, close):
+        reason += f". {nid}: {_gpu_account(view.nodes[nid], d, -minus)}"
+    if len(close) > _DETAILED:
+        reason += f". {len(close) - _DETAILED} more nodes kept out by GPUs that are not ours"
+    return Unschedulable(reason=reason, counts=dict(counts))
