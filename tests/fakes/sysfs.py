@@ -40,3 +40,69 @@ def ib_tree(root: Path, n: int = 4, **kw: object) -> Path:
     for i in range(n):
         add_hca(root, f"mlx5_{i}", **kw)  # type: ignore[arg-type]
     return root
+
+
+# --- PCIe trees: /sys/devices/pci<dddd:bb>/... and the /sys/bus/pci/devices links ------
+
+
+def pcie_tree(
+    root: Path, layout: dict[str, tuple[str, ...]], numa: dict[str, int] | None = None
+) -> dict[str, tuple[str, ...]]:
+    """A fake /sys under `root` holding the PCIe devices of `layout`.
+
+    `layout` maps a name ("gpu0", "mlx5_0") to its ancestry, host bridge first:
+    ("pci0000:17", "0000:17:01.0", "0000:18:00.0", "0000:19:00.0", "0000:1a:00.0").
+    Every component becomes a real directory under root/devices, every PCI device on the
+    way (bridges too) a relative symlink root/bus/pci/devices/<id> -> ../../../devices/...,
+    as Linux has them, with a `numa_node` file from `numa` (host bridge -> node; -1 where
+    absent). Returns `layout`, for chaining.
+    """
+    numa = numa or {}
+    links = root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    for path in layout.values():
+        node = numa.get(path[0], -1)
+        for depth in range(1, len(path)):
+            dev = root / "devices" / Path(*path[: depth + 1])
+            dev.mkdir(parents=True, exist_ok=True)
+            (dev / "numa_node").write_text(f"{node}\n")
+            link = links / path[depth]
+            if not link.is_symlink():
+                link.symlink_to(Path("..", "..", "..", "devices", *path[: depth + 1]))
+    return layout
+
+
+def hca_device(ib_root: Path, hca: str, sys_root: Path, bus_id: str) -> None:
+    """Point ib_root/<hca>/device at the PCI device `bus_id` of a pcie_tree, as Linux does."""
+    target = (sys_root / "bus" / "pci" / "devices" / bus_id).resolve()
+    (ib_root / hca).mkdir(parents=True, exist_ok=True)
+    (ib_root / hca / "device").symlink_to(target)
+
+
+def _switch(host: str, root_port: str, bus: int, ends: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """One PCIe switch behind `root_port`: upstream port on `bus`, downstream ports on
+    bus+1 (one per device), the devices on bus+2, bus+3, ... (DFS numbering, as the BIOS
+    assigns it)."""
+    dom = host[3:7]
+    up = f"{dom}:{bus:02x}:00.0"
+    out = {}
+    for i, name in enumerate(ends):
+        down = f"{dom}:{bus + 1:02x}:{i:02x}.0"
+        out[name] = (host, root_port, up, down, f"{dom}:{bus + 2 + i:02x}:00.0")
+    return out
+
+
+# An 8-GPU PCIe node as vendors build them (e.g. 8x L40S or H100 PCIe in a 4U server):
+# two sockets, two host bridges each, one PCIe switch per host bridge, 2 GPUs + 1 HCA
+# under each switch.
+EIGHT_GPU_NUMA = {"pci0000:15": 0, "pci0000:37": 0, "pci0000:97": 1, "pci0000:b9": 1}
+
+
+def eight_gpu_layout() -> dict[str, tuple[str, ...]]:
+    layout: dict[str, tuple[str, ...]] = {}
+    for s, (host, bus) in enumerate(
+        (("pci0000:15", 0x16), ("pci0000:37", 0x38), ("pci0000:97", 0x98), ("pci0000:b9", 0xBA))
+    ):
+        rp = f"0000:{int(host[-2:], 16):02x}:01.0"
+        layout |= _switch(host, rp, bus, (f"gpu{2 * s}", f"gpu{2 * s + 1}", f"mlx5_{s}"))
+    return layout

@@ -12,6 +12,7 @@ import re
 
 from attrs import frozen
 
+from llmgw.agent.discovery.pcie import link_path, read_numa
 from llmgw.config.agent import FabricConfig
 from llmgw.errors import DiscoveryError
 from llmgw.model.inventory import FabricReport, FabricState, Hca, IbPort
@@ -78,7 +79,13 @@ def read_hcas(root: str) -> tuple[Hca, ...]:
             if p.isdigit()
         )
         guid = _read(os.path.join(root, name, "node_guid"))
-        hcas.append(Hca(name=name, node_guid=guid, ports=ports))
+        # `device` links to the HCA's PCI function: its place in the PCIe tree and its
+        # NUMA node, which pair it with the GPUs under the same switch. No link (a soft
+        # RoCE device, an older tree): unknown, not an error.
+        device = os.path.join(root, name, "device")
+        pci = link_path(device)
+        numa = read_numa(os.path.join(device, "numa_node")) if pci else None
+        hcas.append(Hca(name=name, node_guid=guid, ports=ports, pci_path=pci, numa_node=numa))
     return tuple(hcas)
 
 
