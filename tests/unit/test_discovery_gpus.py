@@ -108,3 +108,29 @@ def test_driver_without_compute_cap_field_is_asked_again_without_it(tmp_path: Pa
     assert [g.compute_capability for g in r.gpus] == ["", ""]
     assert r.gpus[0].nvlink_peers == {fake.uuid(1): 2}
     assert r.warnings == ()
+
+
+def test_nvidia_smi_one_bad_line_and_non_zero_exit_keeps_the_good_gpus(tmp_path: Path) -> None:
+    # Was: exit 15 (one GPU lost) dropped all four GPUs of the node.
+    r = read_gpus(smi_config(fake.one_bad_line(tmp_path)))
+    assert r.source is GpuSource.NVIDIA_SMI
+    assert [g.uuid for g in r.gpus] == [fake.uuid(0), fake.uuid(1), fake.uuid(3)]
+    assert r.gpus[0].nvlink_peers == {fake.uuid(1): 18, fake.uuid(3): 18}
+    assert len(r.warnings) == 2
+    status, line = r.warnings
+    assert "exited with status 15" in status and "GPU is lost" in status and "kept the 3 GPU(s)" in status
+    assert "unreadable nvidia-smi line 'Unable to determine the device handle" in line
+
+
+def test_nvidia_smi_stderr_in_a_warning_is_bounded(tmp_path: Path) -> None:
+    exe = fake.write_script(tmp_path, "", "", rc=9, stderr="E" * 10_000)
+    r = read_gpus(smi_config(exe))
+    assert r.gpus == () and len(r.warnings) == 1 and len(r.warnings[0]) < 500
+
+
+def test_nvml_lost_gpu_is_listed_last_and_the_others_are_kept(tmp_path: Path) -> None:
+    nvml = FakeNvml(BUSES, lost={0})
+    r = read_gpus(DiscoveryConfig(nvidia_smi=str(fake.pcie_box(tmp_path))), nvml=nvml)
+    assert r.source is GpuSource.NVML
+    assert [g.uuid for g in r.gpus] == ["GPU-0001", "GPU-0002", "GPU-0003", "unknown-0"]
+    assert [g.healthy for g in r.gpus] == [True, True, True, False]

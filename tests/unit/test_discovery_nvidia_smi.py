@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fakes import nvidia_smi as fake
 from llmgw.agent.discovery.nvidia_smi import (
@@ -46,7 +48,9 @@ def test_bad_bus_id_is_an_output_error() -> None:
 
 
 def test_query_gpu_parses_every_field(tmp_path: Path) -> None:
-    gpus = parse_query_gpu(_out(fake.nvlink_board(tmp_path), *QUERY_ARGS))
+    reading = parse_query_gpu(_out(fake.nvlink_board(tmp_path), *QUERY_ARGS))
+    assert reading.warnings == ()
+    gpus = reading.gpus
     assert len(gpus) == 8
     g = gpus[3]
     assert g.index == 3
@@ -57,9 +61,58 @@ def test_query_gpu_parses_every_field(tmp_path: Path) -> None:
     assert g.compute_capability == "9.0"
 
 
-def test_query_gpu_garbage_is_an_output_error() -> None:
-    with pytest.raises(GpuOutputError):
-        parse_query_gpu("<html>segfault in libnvidia-ml</html>\n")
+def test_query_gpu_garbage_is_a_warning_naming_the_line() -> None:
+    reading = parse_query_gpu("<html>segfault in libnvidia-ml</html>\n")
+    assert reading.gpus == ()
+    assert reading.warnings == (
+        "unreadable nvidia-smi line '<html>segfault in libnvidia-ml</html>': expected 7 fields, got 1",)
+
+
+def test_query_gpu_keeps_the_good_lines_around_a_bad_one(tmp_path: Path) -> None:
+    # Was: one line nvidia-smi could not fill (a lost GPU) made the whole query an error.
+    out = subprocess.run([str(fake.one_bad_line(tmp_path)), *QUERY_ARGS], capture_output=True, text=True).stdout
+    reading = parse_query_gpu(out)
+    assert [g.index for g in reading.gpus] == [0, 1, 3]
+    assert len(reading.warnings) == 1
+    assert "'Unable to determine the device handle for GPU0000:3A:00.0: GPU is lost'" in reading.warnings[0]
+
+
+def test_query_gpu_bad_lines_are_bounded() -> None:
+    long_line = "x" * 5000
+    reading = parse_query_gpu("\n".join([long_line] * 20 + [fake.query_line(0, "A", "18", 1, 1, "9.0")]))
+    assert len(reading.gpus) == 1
+    assert len(reading.warnings) == 9 and reading.warnings[-1] == "and 12 more unreadable nvidia-smi lines"
+    assert all(len(w) < 300 for w in reading.warnings)
+
+
+def test_query_gpu_second_line_for_a_uuid_is_a_warning() -> None:
+    line = fake.query_line(0, "A", "18", 1, 1, "9.0")
+    reading = parse_query_gpu(f"{line}\n{line}\n")
+    assert len(reading.gpus) == 1
+    assert "listed twice" in reading.warnings[0]
+
+
+_cell = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+_garbage_line = st.one_of(
+    st.text(max_size=200),
+    st.lists(_cell, min_size=6, max_size=8).map(", ".join),
+    st.tuples(st.integers(-5, 99), _cell, _cell, _cell, _cell).map(
+        lambda t: f"{t[0]}, GPU-{t[1]}, {t[2]}, {t[3]}, {t[4]}, 00000000:18:00.0, 9.0"),
+)
+
+
+@given(st.lists(st.one_of(st.integers(0, 7).map(lambda i: ("good", i)), _garbage_line.map(lambda g: ("bad", g))),
+                max_size=30))
+def test_query_gpu_always_keeps_the_good_lines(lines: list[tuple[str, object]]) -> None:
+    text = "\n".join(fake.query_line(int(str(x)), fake.H100, fake.H100_BUS[int(str(x))], 81559, 81000, "9.0")
+                     if kind == "good" else str(x) for kind, x in lines)
+    reading = parse_query_gpu(text)
+    good = list(dict.fromkeys(int(str(x)) for kind, x in lines if kind == "good"))
+    kept = [g.uuid for g in reading.gpus]
+    # Every good line's GPU is there, in order (a garbage line may still parse as a GPU of its own).
+    assert [u for u in kept if u in {fake.uuid(i) for i in good}] == [fake.uuid(i) for i in good]
+    assert len(reading.warnings) <= 9
+    assert all(len(w) < 400 for w in reading.warnings)
 
 
 def test_topo_of_nvlink_board_is_all_nv18_with_numa(tmp_path: Path) -> None:
@@ -77,7 +130,7 @@ def test_topo_of_pcie_box_has_no_nvlink(tmp_path: Path) -> None:
 
 def test_mixed_board_pairs_become_uuid_peers(tmp_path: Path) -> None:
     exe = fake.mixed_board(tmp_path)
-    gpus = apply_topology(parse_query_gpu(_out(exe, *QUERY_ARGS)), parse_topo(_out(exe, "topo", "-m")))
+    gpus = apply_topology(parse_query_gpu(_out(exe, *QUERY_ARGS)).gpus, parse_topo(_out(exe, "topo", "-m")))
     assert gpus[0].nvlink_peers == {fake.uuid(1): 12}
     assert gpus[3].nvlink_peers == {fake.uuid(2): 12}
     assert [g.numa_node for g in gpus] == [0, 0, 1, 1]
@@ -102,5 +155,5 @@ def test_topo_without_gpu_columns_is_an_output_error() -> None:
 
 def test_not_available_memory_reads_as_zero() -> None:
     line = f"0, {fake.uuid(0)}, NVIDIA GH200 480GB, [N/A], [N/A], 00000009:01:00.0, 9.0\n"
-    (g,) = parse_query_gpu(line)
+    (g,) = parse_query_gpu(line).gpus
     assert (g.memory_total, g.memory_free, g.pci_bus_id) == (0, 0, "00000009:01:00.0")

@@ -68,7 +68,8 @@ def load_nvml() -> Any | None:
 
 
 def _ordered(gpus: list[Gpu]) -> tuple[Gpu, ...]:
-    return tuple(sorted(gpus, key=lambda g: g.pci_bus_id))
+    # A GPU whose bus id NVML could not read (lost) goes last, by its index.
+    return tuple(sorted(gpus, key=lambda g: (not g.pci_bus_id, g.pci_bus_id, g.index)))
 
 
 def _try_nvml(nvml: Any, pci_root: str) -> tuple[list[Gpu] | None, str]:
@@ -98,12 +99,23 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Of a tool's stderr, a warning quotes the head only.
+STDERR_MAX = 300
+
+
+def _head(text: str) -> str:
+    text = " ".join(text.strip().split())
+    return text if len(text) <= STDERR_MAX else text[:STDERR_MAX] + "…"
+
+
 def _failed(what: str, proc: subprocess.CompletedProcess[str]) -> str:
-    err = (proc.stderr or proc.stdout or "").strip()
+    err = _head(proc.stderr or proc.stdout or "")
     return f"{what} exited with status {proc.returncode}: {err or '(no output)'}"
 
 
 def _read_nvidia_smi(exe: str, pci_root: str) -> tuple[list[Gpu] | None, list[str]]:
+    """The GPUs of every good line nvidia-smi printed, and warnings; None: no GPU could be
+    read (it failed, or printed nothing readable)."""
     warnings: list[str] = []
     try:
         proc = _run([exe, *QUERY_ARGS])
@@ -114,13 +126,18 @@ def _read_nvidia_smi(exe: str, pci_root: str) -> tuple[list[Gpu] | None, list[st
             proc = _run([exe, *LEGACY_QUERY_ARGS])
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, [f"{exe} could not be run: {exc}"]
-    if proc.returncode != 0:
+    reading = parse_query_gpu(proc.stdout)
+    if proc.returncode != 0 and not reading.gpus:
         return None, [_failed(exe, proc)]
-    try:
-        gpus = parse_query_gpu(proc.stdout)
-    except GpuOutputError as exc:
-        stderr = proc.stderr.strip()
-        return None, [f"{exe}: {exc}" + (f"; stderr: {stderr}" if stderr else "")]
+    if not reading.gpus and reading.warnings:
+        stderr = _head(proc.stderr)
+        return None, [f"{exe}: {w}" + (f"; stderr: {stderr}" if stderr else "") for w in reading.warnings]
+    # Some GPUs read: keep them. nvidia-smi exits non-zero when it could not read one GPU
+    # (lost, fallen off the bus) yet still prints the others.
+    if proc.returncode != 0:
+        warnings.append(_failed(exe, proc) + f"; kept the {len(reading.gpus)} GPU(s) it printed")
+    warnings.extend(f"{exe}: {w}" for w in reading.warnings)
+    gpus = list(reading.gpus)
     if len(gpus) > 0:
         try:
             topo_proc = _run([exe, *TOPO_ARGS])

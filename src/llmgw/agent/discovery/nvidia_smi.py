@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from attrs import evolve, field, frozen
 
@@ -60,46 +61,79 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def _int(value: str, what: str, line: str) -> int:
+# A bad line is quoted in its warning up to this length, and at most this many bad lines
+# are named: nvidia-smi's output is not ours to copy whole into the inventory.
+LINE_MAX = 120
+BAD_LINES_MAX = 8
+
+
+def _quote(line: str) -> str:
+    return repr(line if len(line) <= LINE_MAX else line[:LINE_MAX] + "…")
+
+
+def _int(value: str, what: str) -> int:
     if value in ("[N/A]", "N/A", "[Not Supported]"):
         return 0
     try:
         return int(float(value))
-    except ValueError:
-        raise GpuOutputError(f"bad {what} {value!r} in nvidia-smi line {line!r}") from None
+    except (ValueError, OverflowError):
+        raise GpuOutputError(f"bad {what} {value[:LINE_MAX]!r}") from None
 
 
-def parse_query_gpu(text: str) -> list[Gpu]:
+def _parse_line(line: str) -> Gpu:
+    cells = [c.strip() for c in line.split(",")]
+    if len(cells) == len(QUERY_FIELDS) - 1:  # LEGACY_QUERY_ARGS: no compute_cap
+        cells.append("")
+    if len(cells) != len(QUERY_FIELDS):
+        raise GpuOutputError(f"expected {len(QUERY_FIELDS)} fields, got {len(cells)}")
+    index, uuid, name, total, free, bus, cap = cells
+    if not uuid.startswith(("GPU-", "MIG-")):
+        raise GpuOutputError(f"bad GPU UUID {uuid[:LINE_MAX]!r}")
+    return Gpu(
+        index=_int(index, "index"),
+        uuid=uuid,
+        name=name,
+        memory_total=_int(total, "memory.total"),
+        memory_free=_int(free, "memory.free"),
+        pci_bus_id=normalise_bus_id(bus[:LINE_MAX]),
+        compute_capability="" if cap in ("[N/A]", "N/A") else cap,
+    )
+
+
+@frozen
+class QueryReading:
+    """The GPUs of every good line, and a warning for each bad one (bounded)."""
+
+    gpus: tuple[Gpu, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def parse_query_gpu(text: str) -> QueryReading:
     """Parse `nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits`.
 
-    NVLink peers and NUMA node are left empty: they come from `topo -m` or sysfs.
+    Every good line is kept: nvidia-smi prints an error text in place of a GPU it cannot
+    read, and one such GPU must not hide the others. A bad line, or a second line for a
+    UUID already read, becomes a warning naming it. NVLink peers and NUMA node are left
+    empty: they come from `topo -m` or sysfs. Never raises.
     """
     gpus: list[Gpu] = []
+    bad: list[str] = []
+    seen: set[str] = set()
     for line in text.splitlines():
         if not line.strip():
             continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == len(QUERY_FIELDS) - 1:  # LEGACY_QUERY_ARGS: no compute_cap
-            cells.append("")
-        if len(cells) != len(QUERY_FIELDS):
-            raise GpuOutputError(
-                f"expected {len(QUERY_FIELDS)} fields from nvidia-smi, got {len(cells)}: {line!r}"
-            )
-        index, uuid, name, total, free, bus, cap = cells
-        if not uuid.startswith(("GPU-", "MIG-")):
-            raise GpuOutputError(f"bad GPU UUID {uuid!r} in nvidia-smi line {line!r}")
-        gpus.append(
-            Gpu(
-                index=_int(index, "index", line),
-                uuid=uuid,
-                name=name,
-                memory_total=_int(total, "memory.total", line),
-                memory_free=_int(free, "memory.free", line),
-                pci_bus_id=normalise_bus_id(bus),
-                compute_capability="" if cap in ("[N/A]", "N/A") else cap,
-            )
-        )
-    return gpus
+        try:
+            gpu = _parse_line(line)
+            if gpu.uuid in seen:
+                raise GpuOutputError(f"UUID {gpu.uuid[:LINE_MAX]!r} listed twice")
+        except GpuOutputError as exc:
+            bad.append(f"unreadable nvidia-smi line {_quote(line)}: {exc}")
+            continue
+        seen.add(gpu.uuid)
+        gpus.append(gpu)
+    if len(bad) > BAD_LINES_MAX:
+        bad = [*bad[:BAD_LINES_MAX], f"and {len(bad) - BAD_LINES_MAX} more unreadable nvidia-smi lines"]
+    return QueryReading(tuple(gpus), tuple(bad))
 
 
 @frozen
@@ -160,7 +194,7 @@ def parse_topo(text: str) -> Topology:
     return Topology(nvlinks=nvlinks, numa=numa)
 
 
-def apply_topology(gpus: list[Gpu], topo: Topology) -> list[Gpu]:
+def apply_topology(gpus: Sequence[Gpu], topo: Topology) -> list[Gpu]:
     """Fill nvlink_peers (by UUID) and numa_node from `topo -m` into parsed GPUs."""
     by_index = {g.index: g for g in gpus}
     out = []
