@@ -22,6 +22,11 @@ class ClientGone(Exception):
     """The client closed its connection while we were answering."""
 
 
+# What a client that went away looks like from here: our ClientGone (a write failed), or
+# trio's own errors from a receive or send the handler made on the stream directly.
+_GONE = (ClientGone, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
 class Exchange:
     """One request and the means to answer it."""
 
@@ -99,7 +104,12 @@ async def _watch_eof(
 async def _run_handler(
     handler: Handler, stream: trio.SocketStream, conn: h11.Connection, ex: Exchange
 ) -> bool:
-    """Run one handler; False when the client went away before it finished."""
+    """Run one handler; False when the client went away before it finished.
+
+    The handler runs inside a nursery (beside the EOF watcher), so a ClientGone it raises
+    (a write that met EPIPE or a reset: a router's /metrics fetch that timed out and
+    closed) comes out wrapped in an ExceptionGroup: `except*` takes it out of the group
+    wherever it sits. Anything else the handler raises is left to propagate."""
     completed = False
     try:
         with trio.CancelScope() as scope:
@@ -108,7 +118,8 @@ async def _run_handler(
                 await handler(ex)
                 completed = True
                 nursery.cancel_scope.cancel()
-    except ClientGone:
+    except* _GONE as group:
+        log.debug("client gone while answering: %r", group.exceptions[0])
         completed = False
     if not completed:
         what = f"request {ex.request_id}" if ex.request_id else f"{ex.method} {ex.path}"
