@@ -21,7 +21,7 @@ from llmgw.config.agent import (
     ModelDirConfig,
 )
 from llmgw.errors import DiscoveryError
-from llmgw.model.inventory import FabricState, GpuSource, Inventory, StorageReport
+from llmgw.model.inventory import FabricState, GpuProcess, GpuSource, Inventory, StorageReport
 
 
 def config(tmp_path: Path, **kw: object) -> AgentConfig:
@@ -114,3 +114,24 @@ async def test_inventory_changed(tmp_path: Path) -> None:
     assert inventory_changed(inv, evolve(inv, gpus=inv.gpus[1:]))
     assert inventory_changed(inv, evolve(inv, storage=StorageReport(asked=True)))
     assert inventory_changed(Inventory(), evolve(Inventory(), warnings=("x",)))
+
+
+async def test_inventory_changed_per_gpu_health_processes_and_releasing(tmp_path: Path) -> None:
+    ib_tree(tmp_path / "ib", 2)
+    inv = await discover(config(tmp_path))
+    g = inv.gpus[0]
+
+    def with_gpu(**kw: object) -> Inventory:
+        return evolve(inv, gpus=(evolve(g, **kw), *inv.gpus[1:]))
+
+    held = with_gpu(processes=(GpuProcess(4242, "python train.py", 1000),))
+    assert inventory_changed(inv, held)
+    assert inventory_changed(held, with_gpu(processes=(GpuProcess(4243, "python train.py", 1000),)))
+    # Was: a process's memory moving (with its free memory under the slack) read as a change.
+    assert not inventory_changed(held, with_gpu(processes=(GpuProcess(4242, "python train.py", 1500),)))
+    assert not inventory_changed(held, with_gpu(processes=(GpuProcess(4242, "python train.py --x", 1000),)))
+    sick = with_gpu(problems=("lost: GPU is lost",))
+    assert inventory_changed(inv, sick)
+    assert inventory_changed(sick, with_gpu(problems=("lost: GPU is lost", "Xid 79 at x: y")))
+    assert not inventory_changed(sick, sick)
+    assert inventory_changed(inv, with_gpu(releasing="r-1: pid 77 still holds 30 GiB"))

@@ -33,18 +33,34 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _read_one(nvml: Any, i: int) -> GpuUsage:
+    h = nvml.nvmlDeviceGetHandleByIndex(i)
+    mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    try:
+        util: float | None = int(nvml.nvmlDeviceGetUtilizationRates(h).gpu) / 100.0
+    except Exception as exc:  # NotSupported on some boards and in MIG mode
+        log.debug("GPU %d utilisation: %s", i, exc)
+        util = None
+    return GpuUsage(i, _text(nvml.nvmlDeviceGetUUID(h)), int(mem.used), int(mem.total), util)
+
+
 def read_usage(nvml: Any) -> list[GpuUsage]:
-    """Every GPU's use; `nvml.nvmlInit` must have succeeded. Raises what NVML raises."""
+    """Every GPU's use that NVML can read; `nvml.nvmlInit` must have succeeded.
+
+    A GPU that fails (lost) is left out, with a debug line: discovery reports it as a
+    problem, and the others' figures still count. Raises when NVML cannot count the GPUs,
+    or when every GPU failed (the session itself is broken: the sampler reopens it)."""
     out = []
-    for i in range(int(nvml.nvmlDeviceGetCount())):
-        h = nvml.nvmlDeviceGetHandleByIndex(i)
-        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    first_error: Exception | None = None
+    count = int(nvml.nvmlDeviceGetCount())
+    for i in range(count):
         try:
-            util: float | None = int(nvml.nvmlDeviceGetUtilizationRates(h).gpu) / 100.0
-        except Exception as exc:  # NotSupported on some boards and in MIG mode
-            log.debug("GPU %d utilisation: %s", i, exc)
-            util = None
-        out.append(GpuUsage(i, _text(nvml.nvmlDeviceGetUUID(h)), int(mem.used), int(mem.total), util))
+            out.append(_read_one(nvml, i))
+        except Exception as exc:
+            log.debug("GPU %d usage: %s; left out", i, exc)
+            first_error = first_error or exc
+    if count and not out and first_error is not None:
+        raise first_error
     return out
 
 

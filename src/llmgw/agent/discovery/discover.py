@@ -86,15 +86,26 @@ async def discover(
     )
 
 
+def _pids(g: Gpu) -> frozenset[int]:
+    return frozenset(p.pid for p in g.processes)
+
+
 def _gpu_same(a: Gpu, b: Gpu) -> bool:
+    """Same GPU for the server's purposes. Problems (lost, MIG, ECC, Xid...) and
+    `releasing` always count: they decide whether it may be placed. Processes count by
+    who is there (their pids), not by the memory each holds, which moves with every
+    batch: the memory shows in memory_free, under its slack."""
     if abs(a.memory_free - b.memory_free) > FREE_MEMORY_SLACK_MIB:
         return False
-    return evolve(a, memory_free=b.memory_free) == b
+    if a.problems != b.problems or a.releasing != b.releasing or _pids(a) != _pids(b):
+        return False
+    return evolve(a, memory_free=b.memory_free, processes=b.processes) == b
 
 
 def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
     """Whether `new` is worth reporting after `old`. Free GPU memory drifting by less
-    than FREE_MEMORY_SLACK_MIB is not a change; anything else is."""
+    than FREE_MEMORY_SLACK_MIB, or a process's memory or command line changing, is not a
+    change; anything else is (a GPU's problems, its process pids, `releasing`)."""
     if old is None:
         return True
     if len(old.gpus) != len(new.gpus):
