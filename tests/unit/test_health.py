@@ -4,8 +4,11 @@ import functools
 
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
-from llmgw.agent.health import HealthEvent, HealthTracker, http_health, watch_health
+from llmgw.agent.health import HealthEvent, HealthTracker, http_health, probe_timeout, watch_health
+from llmgw.model.engine import EngineKind
 
 
 def test_tracker_ready_unhealthy_recover() -> None:
@@ -104,3 +107,35 @@ async def test_http_health_503_and_hang() -> None:
         with trio.fail_after(2):
             assert await http_health("127.0.0.1", b.socket.getsockname()[1], timeout=0.3) is False
         nursery.cancel_scope.cancel()
+
+
+def test_probe_timeout_is_the_setting_and_longer_for_sglang() -> None:
+    assert probe_timeout(EngineKind.VLLM, {}, 10.0) == 10.0
+    assert probe_timeout(EngineKind.SIMULATED, {}, 3.0) == 3.0
+    # SGLang's /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for a token
+    assert probe_timeout(EngineKind.SGLANG, {}, 10.0) == 25.0
+    assert probe_timeout(EngineKind.SGLANG, {}, 40.0) == 40.0
+    assert probe_timeout(EngineKind.SGLANG, {"SGLANG_HEALTH_CHECK_TIMEOUT": "120"}, 10.0) == 125.0
+
+
+@given(st.text(max_size=30))
+def test_probe_timeout_never_raises_on_the_deployments_value(value: str) -> None:
+    got = probe_timeout(EngineKind.SGLANG, {"SGLANG_HEALTH_CHECK_TIMEOUT": value}, 10.0)
+    assert 10.0 <= got < float("inf")
+
+
+async def test_watch_health_asks_the_deadline_until_ready(
+        autojump_clock: trio.testing.MockClock) -> None:
+    asked: list[float] = []
+
+    def deadline(now: float) -> float:
+        asked.append(now)
+        return 1e9
+
+    probe = FakeProbe([(0, False), (7, True), (30, False)])
+    events: list[str] = []
+    with trio.move_on_after(60):
+        await watch_health(probe, interval=2.0, startup_timeout=5.0,
+                           on_event=lambda e: events.append(e.value), deadline=deadline)
+    assert events == ["ready", "unhealthy"]  # the moving deadline kept it from failing at 5 s
+    assert len(asked) == 5  # asked only until ready (probes at 0, 2, 4, 6, 8)

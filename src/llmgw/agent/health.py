@@ -8,14 +8,40 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 from attrs import define
 
+from llmgw.model.engine import EngineKind
+
 log = logging.getLogger(__name__)
 
 FAILURES_TO_UNHEALTHY = 3
+
+# SGLang's /health (the same handler as /health_generate) sends a one-token generation
+# and waits for the scheduler's answer up to SGLANG_HEALTH_CHECK_TIMEOUT, 20 s by default,
+# in 1 s steps (sgl-project/sglang python/sglang/srt/entrypoints/http_server.py:
+# `HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))`, then
+# `while time.time() < tic + HEALTH_CHECK_TIMEOUT: await asyncio.sleep(1)`). A probe that
+# gives up sooner calls a busy but healthy engine dead: give it that long and a margin.
+SGLANG_HEALTH_WAIT = 20.0
+SGLANG_MARGIN = 5.0
+
+
+def probe_timeout(engine: EngineKind, env: Mapping[str, str], configured: float) -> float:
+    """Seconds one /health probe of `engine` may take: the configured health_timeout, and
+    for SGLang at least its own wait (the deployment's SGLANG_HEALTH_CHECK_TIMEOUT where it
+    sets one) plus a margin."""
+    if engine is not EngineKind.SGLANG:
+        return configured
+    try:
+        own = float(env.get("SGLANG_HEALTH_CHECK_TIMEOUT", SGLANG_HEALTH_WAIT))
+    except ValueError:  # SGLang's int() would fail on it too; its default is all we know
+        own = SGLANG_HEALTH_WAIT
+    if not own >= 0 or own == float("inf"):  # NaN, negative, infinite: SGLang's default
+        own = SGLANG_HEALTH_WAIT
+    return max(configured, own + SGLANG_MARGIN)
 
 
 class HealthEvent(enum.StrEnum):
@@ -92,15 +118,21 @@ async def watch_health(
     interval: float,
     startup_timeout: float,
     on_event: Callable[[HealthEvent], None],
+    deadline: Callable[[float], float] | None = None,
 ) -> None:
     """Probe every `interval` forever; call `on_event` on each change.
 
+    `deadline(now)`, when given, says when startup gives up as of `now` (asked after each
+    probe, so that progress can move it); else `startup_timeout` from the first probe.
     Returns after a startup timeout (nothing more to watch: the caller stops the engine).
     """
     tracker = HealthTracker(deadline=trio.current_time() + startup_timeout)
     while True:
         ok = await probe()
-        event = tracker.observe(ok, trio.current_time())
+        now = trio.current_time()
+        if deadline is not None and not tracker.ready:
+            tracker.deadline = deadline(now)
+        event = tracker.observe(ok, now)
         if event is not None:
             on_event(event)
             if event is HealthEvent.STARTUP_TIMEOUT:
