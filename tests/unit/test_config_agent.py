@@ -76,6 +76,7 @@ def test_shipped_config_loads(tmp_path: Path, keys: Path) -> None:
         2.0,
     )
     assert sup.log_max_bytes == 64 * 1024 * 1024
+    assert (sup.health_timeout, sup.startup_max, sup.release_timeout) == (10.0, 3600.0, 120.0)
     assert cfg.port_range == (20000, 29999)
     assert cfg.source.endswith("agent.yaml")
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
@@ -207,6 +208,14 @@ BAD: list[tuple[str, list[tuple[str, str]], str, str]] = [
     ),
     ("negative duration", [("reconnect_base: 1s", "reconnect_base: -1s")], "reconnect_base", "-1s"),
     ("zero duration", [("health_interval: 2s", "health_interval: 0s")], "supervisor.health_interval", "0s"),
+    ("zero probe timeout", [("health_timeout: 10s", "health_timeout: 0s")], "supervisor.health_timeout", "0s"),
+    ("bad release timeout", [("release_timeout: 2m", "release_timeout: 2 min")], "supervisor.release_timeout", "2 min"),
+    (
+        "startup cap below the interval",
+        [("startup_max: 1h", "startup_max: 1s")],
+        "supervisor.startup_max",
+        "shorter than supervisor.health_interval",
+    ),
     ("nested duration", [("  interval: 60s", "  interval: soon")], "discovery.interval", "soon"),
     ("reconnect max below base", [("reconnect_max: 30s", "reconnect_max: 500ms")], "reconnect_max", "0.5s"),
     ("missing server", [('server: "tcp://llmgw-server.internal:7443"\n', "")], "server", "missing"),

@@ -70,7 +70,17 @@ class SupervisorConfig:
     work_dir: str = "/var/lib/llmgw-agent"
     log_lines: int = 512
     stop_timeout: Duration = 60.0
-    health_interval: Duration = 2.0
+    health_interval: Duration = 2.0  # between one /health probe's end and the next
+    # How long one /health probe may take. SGLang's /health generates a token and waits
+    # for it up to its own SGLANG_HEALTH_CHECK_TIMEOUT (20 s): for SGLang the probe waits
+    # at least 25 s, or that variable + 5 s where the deployment sets it.
+    health_timeout: Duration = 10.0
+    # Hard cap on a start that keeps showing progress (its log grows): see
+    # agent/startup_deadline.py.
+    startup_max: Duration = 3600.0
+    # How long a stopped engine's GPUs may take to give their memory back before the
+    # stuck process is named; they stay out of placement until it is back, even past it.
+    release_timeout: Duration = 120.0
     log_max_bytes: int = 64 * 1024 * 1024  # rotate engine.log past this size
 
 

@@ -98,6 +98,12 @@ def _check(path: str, cfg: AgentConfig) -> None:
         raise ConfigError(path, "supervisor.log_lines", f"{sup.log_lines} must be at least 1")
     if sup.log_max_bytes < 1:
         raise ConfigError(path, "supervisor.log_max_bytes", f"{sup.log_max_bytes} must be at least 1")
+    if sup.startup_max < sup.health_interval:
+        raise ConfigError(
+            path, "supervisor.startup_max",
+            f"{sup.startup_max:g}s is shorter than supervisor.health_interval "
+            f"({sup.health_interval:g}s): no engine could ever be seen ready",
+        )
     lo, hi = cfg.port_range
     if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
         raise ConfigError(path, "port_range", f"[{lo}, {hi}]: ports must lie in 1..65535")
