@@ -307,18 +307,26 @@ def _why(n: _Node, d: Deployment, exclude: frozenset[str]) -> tuple[str, int]:
     if d.engine in n.lacked:
         return n.lacked[d.engine], -1
     k = d.gpus_per_node
-    roomy = _roomy(n, d)
-    if len(roomy) < k:
+    # _roomy's test, counted in one loop: explain asks it of every node.
+    gpus = n.gpus
+    needs: dict[int, int] = {}
+    roomy = short = 0
+    used = False  # some GPU short because something uses its memory, not too small
+    for u in n.free:
+        g = gpus[u]
+        want = needs.get(g.memory_total)
+        if want is None:
+            want = needs[g.memory_total] = _need(d.engine, d.args, g.memory_total, d.gpu_memory_min)
+        if g.memory_free >= want:
+            roomy += 1
+        else:
+            short = max(short, want)
+            used = used or g.memory_total >= want
+    if roomy < k:
         what = f"lacked {k} free GPU{'s' if k != 1 else ''}"
-        ok = {g.uuid for g in roomy}
-        short = [n.gpus[u] for u in n.free if u not in ok]
-        blocked = bool(n.out)
         if short:
-            needs = [_need(d.engine, d.args, g.memory_total, d.gpu_memory_min) for g in short]
-            what += f" with {_gib(max(needs))} free"
-            # Short because something uses the memory, not because the GPU is too small.
-            blocked = blocked or any(g.memory_total >= w for g, w in zip(short, needs, strict=True))
-        return what, len(roomy) if blocked else -1
+            what += f" with {_gib(short)} free"
+        return what, roomy if used or n.out else -1
     if (n.hi - n.lo + 1) - len(n.ports) < _ports_needed(d, True):
         return "lacked free ports", -1
     if d.nodes > 1:
