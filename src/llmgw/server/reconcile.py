@@ -19,7 +19,10 @@ Rules, in the order one pass applies them:
   and one no longer needed (its target's node is not draining, its spec is current) is
   dropped; scaling adds or removes replicas, stopping what serves nothing first; a
   draining node's replicas get a replacement first; a changed spec rolls one replica at
-  a time (surge one, else down then up).
+  a time (surge one, else down then up). A replica holding a GPU that turned unhealthy
+  (the agent lists a problem on it) moves the way a drain moves it: a replacement first,
+  the old one stopped once that is ready; one in backoff restarts elsewhere, not in
+  place. A GPU only releasing, or held by another process, moves nothing.
 
 Every change of a replica's state goes through the lifecycle table (replica_states.py).
 
@@ -217,7 +220,11 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
         if p.now < r.backoff_until:
             return
         p.event(r, f"restarting after backoff (failure {r.restarts})")
-        if r.placed and all(p.node_state(m.node_id) == NodeState.READY for m in r.members):
+        sick = p.sick_gpu(r)
+        if sick:  # not in place on a GPU that turned unhealthy: elsewhere
+            p.event(r, f"{sick}: placing again")
+            p.place(p.unplace(r))
+        elif r.placed and all(p.node_state(m.node_id) == NodeState.READY for m in r.members):
             p.to(r, E.RESTART, generation=p.gen(), placed_at=p.now)
         else:
             p.place(p.unplace(r))

@@ -175,3 +175,42 @@ class Pass:
     def draining(self, node_id: str) -> bool:
         v = self.nodes.get(node_id)
         return v is not None and v.draining
+
+    def sick_gpu(self, r: Replica) -> str:
+        """The first of `r`'s GPUs the agent reports unhealthy, as "GPU 2 on n3 unhealthy
+        (row remap pending)"; empty when none is. Releasing or foreign processes are not
+        problems: a replica already there stays."""
+        sick = self.state.sick
+        if not sick:
+            return ""
+        for m in r.members:
+            bad = sick.get(m.node_id)
+            if not bad:
+                continue
+            for u in m.gpus:
+                g = bad.get(u)
+                if g is not None:
+                    return f"GPU {g.index} on {m.node_id} unhealthy ({_problems(g.problems)})"
+        return ""
+
+    def must_move(self, r: Replica) -> str:
+        """Why a placed `r` must leave where it is, replacement first (the drain's way,
+        rollout.py): a member's node draining ("node n1 draining"), or a GPU it holds
+        turned unhealthy; empty: it may stay."""
+        for m in r.members:
+            if self.draining(m.node_id):
+                return f"node {m.node_id} draining"
+        return self.sick_gpu(r)
+
+    def move_exclude(self, r: Replica) -> frozenset[str]:
+        """The nodes a moved `r` must not go back to: its draining ones. (An unhealthy GPU
+        keeps itself out: placement never gives it; the node's other GPUs still may.)"""
+        return frozenset(m.node_id for m in r.members if self.draining(m.node_id))
+
+
+def _problems(problems: tuple[str, ...]) -> str:
+    """A GPU's problems, bounded for an event or a reason (the agent's text, as sent)."""
+    text = ", ".join(p[:80] for p in problems[:2])
+    if len(problems) > 2:
+        text += f", +{len(problems) - 2} more"
+    return "".join(c if c.isprintable() else "?" for c in text)

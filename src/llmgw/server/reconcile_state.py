@@ -3,7 +3,8 @@
 One ReconcileState holds the nodes as last told (views and engine reports), the placement
 index over them (cluster_view.py, built on first need and then kept current), the
 replicas as the last pass left them with maps from node and deployment to replica ids,
-and the dirty marks: nodes, deployments and replicas that changed since the last pass.
+and the dirty marks: nodes, deployments and replicas that changed since the last pass;
+and the nodes draining or with an unhealthy GPU (what a drain moves replicas off).
 Its owner feeds it deltas through the methods below (a node's view or reports changed,
 a deployment changed, replicas changed outside a pass); reconcile_dirty (reconcile.py)
 then looks only at what they touch, plus what time made due (a backoff's end, a
@@ -22,6 +23,7 @@ from attrs import frozen
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
+from llmgw.model.inventory import Gpu
 from llmgw.model.node import NodeState
 
 from .cluster_view import ClusterView, NodeView
@@ -55,6 +57,11 @@ class ReconcileState:
         self.silent: dict[str, float | None] = {
             n: v.silent_since for n, v in self.nodes.items() if v.state != NodeState.READY}
         self.draining: set[str] = {n for n, v in self.nodes.items() if v.draining}
+        # Node id -> its unhealthy GPUs by UUID (only nodes that have one): a replica
+        # holding one is moved as a drain moves it (Pass.must_move).
+        self.sick: dict[str, dict[str, Gpu]] = {}
+        for n, v in self.nodes.items():
+            self._note_sick(n, v)
         self.replicas: dict[str, Replica] = {}
         self.on_node: dict[str, set[str]] = {}
         self.of_deployment: dict[str, set[str]] = {}
@@ -88,6 +95,7 @@ class ReconcileState:
             self.reports.pop(nid, None)
             self.silent.pop(nid, None)
             self.draining.discard(nid)
+            self.sick.pop(nid, None)
         else:
             self.nodes[nid] = view
             self.reports[nid] = delta.reports
@@ -99,9 +107,17 @@ class ReconcileState:
                 self.draining.add(nid)
             else:
                 self.draining.discard(nid)
+            self._note_sick(nid, view)
         if self._view is not None:
             self._view.update_node(nid, view)
         self.dirty_nodes.add(nid)
+
+    def _note_sick(self, nid: str, view: NodeView) -> None:
+        sick = {g.uuid: g for g in view.inventory.gpus if g.problems}
+        if sick:
+            self.sick[nid] = sick
+        else:
+            self.sick.pop(nid, None)
 
     def deployment_changed(self, name: str) -> None:
         """The operator applied, scaled or deleted it."""
