@@ -144,7 +144,7 @@ def test_reconcile_state_by_deltas_equals_state_from_scratch(ops: list[tuple[Any
         else:
             state.view(replicas)
     scratch = ReconcileState(nodes, replicas, reports)
-    for attr in ("nodes", "reports", "silent", "draining", "replicas", "on_node", "of_deployment", "unplaced",
+    for attr in ("nodes", "reports", "silent", "draining", "sick", "replicas", "on_node", "of_deployment", "unplaced",
                  "timed"):
         assert getattr(state, attr) == getattr(scratch, attr), attr
     assert state.top_generation >= scratch.top_generation  # a high-water mark: never lowered
