@@ -178,7 +178,9 @@ async def test_ray_plan_runs_on_loopback_and_stops_clean(tmp_path: Path, cluster
     temp_dirs = []
     for s, c, w in zip(specs, configs, work, strict=True):
         (start,) = [
-            p for p in build_plan(s, c, str(w), python=sys.executable).processes if p.name.startswith("ray-")
+            p
+            for p in build_plan(s, c, str(w), python=sys.executable, gpu_indices={}).processes
+            if p.name.startswith("ray-")
         ]
         temp_dirs.append(next(a.split("=", 1)[1] for a in start.argv if a.startswith("--temp-dir=")))
     cluster.paths += temp_dirs
@@ -200,6 +202,8 @@ async def test_ray_plan_runs_on_loopback_and_stops_clean(tmp_path: Path, cluster
             assert not [r for r in reports[1].seen if r.state in (EngineState.EXITED, EngineState.FAILED)]
             status = await trio.to_thread.run_sync(_ray_status, specs[0])
             assert count_ray_nodes(status) == 2, status
+            # Ray took --num-cpus (no GPUs: the margin of 2 per node), not the host's cores.
+            assert "/4.0 CPU" in status, status
             # What the final check must not find afterwards is really there now.
             running = " ".join(_leftovers(rid, cluster.paths).values())
             for daemon in ("gcs_server", "raylet", "ray start --head", "ray start --address"):

@@ -142,18 +142,19 @@ def test_old_inventory_without_engines_counts_as_able() -> None:
 def test_blocked_ports_are_never_assigned_even_after_release() -> None:
     v = evolve(node("a", port_range=(20000, 20003)), blocked_ports=frozenset({20000, 20002, 40000}))
     view = ClusterView(cluster(v))
+    sim = dep(EngineKind.SIMULATED)  # one port each: vLLM would want an engine block too
     got = []
     for _ in range(2):
-        p = place(dep(), view)
+        p = place(sim, view)
         assert isinstance(p, Placement)
         got.append(p.members[0].port)
         view.reserve(p.members)
     assert got == [20001, 20003]
-    r = place(dep(), view)
+    r = place(sim, view)
     assert isinstance(r, Unschedulable) and "lacked free ports" in r.reason
     # An old replica on a blocked port, stopped: its port stays blocked.
     view.release([Member(node_id="a", rank=0, gpus=(), port=20000, addr="")])
-    assert isinstance(place(dep(), view), Unschedulable)
+    assert isinstance(place(sim, view), Unschedulable)
 
 
 # ---------------------------------------------------------------- the server's node record

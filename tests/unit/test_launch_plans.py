@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from llmgw.agent.engines import RAY_PORT_BLOCK_SIZE, build_plan, count_ray_nodes, env_overrides
-from llmgw.agent.engines.ray import without_client_server_port
+from llmgw.agent.engines import LaunchPlan, build_plan, count_ray_nodes, env_overrides, health_checked
+from llmgw.agent.engines.ray import RAY_MAX_GPUS, without_client_server_port
+from llmgw.agent.plans import default_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, VllmConfig
 from llmgw.errors import ConfigError, EngineError
+from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
+# NVML numbers the node's GPUs in PCI bus order, which is not the UUIDs' order.
+IDX = {"GPU-aaaa": 3, "GPU-bbbb": 1, "GPU-cccc": 0, "GPU-dddd": 2}
 WORK = "/var/lib/llmgw-agent"
 CWD = "/var/lib/llmgw-agent/engines/r1"
 
@@ -59,11 +67,14 @@ def spec(kind: EngineKind = EngineKind.VLLM, rank: int | None = None, **kw: obje
     return attrs.evolve(base, **kw)  # type: ignore[arg-type]
 
 
-SINGLE_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
+BARE_ENV = {
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "CUDA_VISIBLE_DEVICES": "3,1",
+    "LLMGW_GPU_UUIDS": "GPU-aaaa,GPU-bbbb",
+}
+SINGLE_ENV = {**BARE_ENV, "NCCL_SOCKET_IFNAME": "=eno1", "GLOO_SOCKET_IFNAME": "eno1"}
 MULTI_ENV = {
     **SINGLE_ENV,
-    "NCCL_SOCKET_IFNAME": "eno1",
-    "GLOO_SOCKET_IFNAME": "eno1",
     "NCCL_IB_HCA": "=mlx5_0,mlx5_1",
     "VLLM_HOST_IP": "10.0.0.2",
 }
@@ -71,7 +82,7 @@ SERVE = ("--host", "10.0.0.2", "--port", "20001", "--served-model-name", "llama"
 
 
 def test_vllm_single_node() -> None:
-    plan = build_plan(spec(), config(), WORK)
+    plan = build_plan(spec(), config(), WORK, gpu_indices=IDX)
     assert len(plan.processes) == 1
     p = plan.main
     assert p.argv == (
@@ -89,7 +100,7 @@ MP_TAIL = (
 
 
 def test_vllm_mp_rank0() -> None:
-    plan = build_plan(spec(rank=0), config("mp"), WORK)
+    plan = build_plan(spec(rank=0), config("mp"), WORK, gpu_indices=IDX)
     assert plan.main.argv == (
         "/opt/vllm/bin/vllm", "serve", "org/llama", *SERVE, *MP_TAIL,
         "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29600",
@@ -99,7 +110,7 @@ def test_vllm_mp_rank0() -> None:
 
 
 def test_vllm_mp_rank1_headless() -> None:
-    plan = build_plan(spec(rank=1), config("mp"), WORK)
+    plan = build_plan(spec(rank=1), config("mp"), WORK, gpu_indices=IDX)
     assert plan.main.argv == (
         "/opt/vllm/bin/vllm", "serve", "org/llama", *MP_TAIL,
         "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29600",
@@ -113,7 +124,8 @@ def _ray_ports(head: bool) -> tuple[str, ...]:
         "--node-manager-port=27000", "--object-manager-port=27001",
         "--metrics-export-port=27002", "--dashboard-agent-grpc-port=27003",
         "--dashboard-agent-listen-port=27004", "--runtime-env-agent-port=27005",
-        "--min-worker-port=27016", f"--max-worker-port={27000 + RAY_PORT_BLOCK_SIZE - 1}",
+        # 2 GPUs: --num-cpus=4, worker ports for 4 pooled workers + 2 GPU actors + 4 spare.
+        "--min-worker-port=27016", "--max-worker-port=27025",
     )  # fmt: skip
     if head:
         ports += (
@@ -124,12 +136,12 @@ def _ray_ports(head: bool) -> tuple[str, ...]:
 
 
 def test_vllm_ray_head() -> None:
-    plan = build_plan(spec(rank=0), config("ray"), WORK)
+    plan = build_plan(spec(rank=0), config("ray"), WORK, gpu_indices=IDX)
     head, serve = plan.processes
     assert head.name == "ray-head" and serve.name == "engine"
     assert head.argv == (
         "/opt/vllm/bin/ray", "start", "--head", "--port=26379",
-        "--node-ip-address=10.0.0.2", "--num-gpus=2", f"--temp-dir={CWD}/ray",
+        "--node-ip-address=10.0.0.2", "--num-gpus=2", "--num-cpus=4", f"--temp-dir={CWD}/ray",
         *_ray_ports(head=True), "--disable-usage-stats", "--block",
     )  # fmt: skip
     assert serve.argv == (
@@ -145,12 +157,12 @@ def test_vllm_ray_head() -> None:
 
 
 def test_vllm_ray_worker() -> None:
-    plan = build_plan(spec(rank=1), config("ray"), WORK)
+    plan = build_plan(spec(rank=1), config("ray"), WORK, gpu_indices=IDX)
     (worker,) = plan.processes
     assert worker.name == "ray-worker"
     assert worker.argv == (
         "/opt/vllm/bin/ray", "start", "--address=10.0.0.1:26379",
-        "--node-ip-address=10.0.0.2", "--num-gpus=2", f"--temp-dir={CWD}/ray",
+        "--node-ip-address=10.0.0.2", "--num-gpus=2", "--num-cpus=4", f"--temp-dir={CWD}/ray",
         *_ray_ports(head=False), "--disable-usage-stats", "--block",
     )  # fmt: skip
     assert worker.env == {**MULTI_ENV, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"} and worker.cwd == CWD
@@ -166,27 +178,34 @@ def test_vllm_ray_temp_dir_short_enough_for_unix_sockets() -> None:
     # Ray's sockets live at <temp>/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store,
     # at most 107 bytes: a long work dir or replica id gets a short temp dir of its own.
     long_id = "llama-3-70b-instruct-0"
-    plans = [build_plan(spec(rank=r, replica_id=long_id), config("ray"), WORK) for r in (0, 1)]
+    plans = [
+        build_plan(spec(rank=r, replica_id=long_id), config("ray"), WORK, gpu_indices=IDX) for r in (0, 1)
+    ]
     dirs = [_temp_dir(p.processes[0].argv) for p in plans]
     assert dirs[0] == dirs[1]  # same work dir and replica: the same dir
     assert dirs[0].startswith("/tmp/llmgw-ray-") and len(dirs[0]) <= 40
     worst = f"{dirs[0]}/session_2026-12-02_11-56-18_263880_4194304/sockets/plasma_store.1"
     assert len(worst) <= 107
-    other = build_plan(spec(rank=0, replica_id=long_id), config("ray"), "/srv/llmgw-agent-other")
+    other = build_plan(
+        spec(rank=0, replica_id=long_id), config("ray"), "/srv/llmgw-agent-other", gpu_indices=IDX
+    )
     assert _temp_dir(other.processes[0].argv) != dirs[0]
     # A short one stays in the engine's own folder.
-    assert _temp_dir(build_plan(spec(rank=0), config("ray"), WORK).processes[0].argv) == f"{CWD}/ray"
+    assert (
+        _temp_dir(build_plan(spec(rank=0), config("ray"), WORK, gpu_indices=IDX).processes[0].argv)
+        == f"{CWD}/ray"
+    )
 
 
 def test_vllm_ray_drain_timeout_deployment_wins() -> None:
     s = spec(rank=1)
     s = attrs.evolve(s, env={**s.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"})
-    (worker,) = build_plan(s, config("ray"), WORK).processes
+    (worker,) = build_plan(s, config("ray"), WORK, gpu_indices=IDX).processes
     assert worker.env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "5"
 
 
 def test_without_client_server_port() -> None:
-    head = build_plan(spec(rank=0), config("ray"), WORK).processes[0].argv
+    head = build_plan(spec(rank=0), config("ray"), WORK, gpu_indices=IDX).processes[0].argv
     bare = without_client_server_port(head)
     assert "--ray-client-server-port=27006" in head
     assert bare == tuple(a for a in head if a != "--ray-client-server-port=27006")
@@ -198,14 +217,14 @@ def test_vllm_ray_needs_ports() -> None:
     assert s.gang is not None
     s = attrs.evolve(s, gang=attrs.evolve(s.gang, ray_port=0))
     with pytest.raises(EngineError, match="ray_port"):
-        build_plan(s, config("ray"), WORK)
+        build_plan(s, config("ray"), WORK, gpu_indices=IDX)
 
 
 def test_vllm_bad_launch_mode() -> None:
     with pytest.raises(ConfigError, match="launch_mode"):
-        build_plan(spec(rank=0), config("slurm"), WORK)
+        build_plan(spec(rank=0), config("slurm"), WORK, gpu_indices=IDX)
     # A single-node replica does not care.
-    assert build_plan(spec(), config("slurm"), WORK).main.argv[1] == "serve"
+    assert build_plan(spec(), config("slurm"), WORK, gpu_indices=IDX).main.argv[1] == "serve"
 
 
 SG = (
@@ -215,14 +234,14 @@ SG = (
 
 
 def test_sglang_single_node() -> None:
-    plan = build_plan(spec(EngineKind.SGLANG), config(), WORK)
+    plan = build_plan(spec(EngineKind.SGLANG), config(), WORK, gpu_indices=IDX)
     assert plan.main.argv == (*SG, "--tp-size", "2", "--max-model-len", "8192")
     assert plan.main.env == SINGLE_ENV and plan.health_checked
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_sglang_multi_node(rank: int) -> None:
-    plan = build_plan(spec(EngineKind.SGLANG, rank=rank), config(), WORK)
+    plan = build_plan(spec(EngineKind.SGLANG, rank=rank), config(), WORK, gpu_indices=IDX)
     # SGLang's --tp counts the whole replica: 2 GPUs per node x 2 nodes.
     assert plan.main.argv == (
         *SG, "--tp-size", "4", "--nnodes", "2", "--node-rank", str(rank),
@@ -233,12 +252,14 @@ def test_sglang_multi_node(rank: int) -> None:
 
 
 def test_simulated_single_and_mp() -> None:
-    plan = build_plan(spec(EngineKind.SIMULATED), config(), WORK, python="/usr/bin/python3")
+    plan = build_plan(spec(EngineKind.SIMULATED), config(), WORK, python="/usr/bin/python3", gpu_indices=IDX)
     assert plan.main.argv == (
         "/usr/bin/python3", "-m", "llmgw.simengine", "serve", "org/llama", *SERVE,
         "--tensor-parallel-size", "2", "--max-model-len", "8192",
     )  # fmt: skip
-    plan = build_plan(spec(EngineKind.SIMULATED, rank=1), config("mp", "/sim/py"), WORK, python="x")
+    plan = build_plan(
+        spec(EngineKind.SIMULATED, rank=1), config("mp", "/sim/py"), WORK, python="x", gpu_indices=IDX
+    )
     assert plan.main.argv == (
         "/sim/py", "-m", "llmgw.simengine", "serve", "org/llama", *MP_TAIL,
         "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29600",
@@ -249,7 +270,7 @@ def test_simulated_single_and_mp() -> None:
 def test_simulated_gang_is_mp_shaped_even_where_vllm_uses_ray() -> None:
     # The simulated engine's gang rendezvous is mp-shaped; it never needs Ray installed.
     # (To run the real Ray plan without GPUs, point engines.vllm.bin at the simulator.)
-    plan = build_plan(spec(EngineKind.SIMULATED, rank=0), config("ray"), WORK, python="py")
+    plan = build_plan(spec(EngineKind.SIMULATED, rank=0), config("ray"), WORK, python="py", gpu_indices=IDX)
     assert len(plan.processes) == 1
     assert plan.main.argv[:5] == ("py", "-m", "llmgw.simengine", "serve", "org/llama")
     assert "--master-port" in plan.main.argv
@@ -259,23 +280,23 @@ def test_simulated_gang_is_mp_shaped_even_where_vllm_uses_ray() -> None:
 
 def test_simulated_needs_an_interpreter() -> None:
     with pytest.raises(ConfigError, match="simulated_python"):
-        build_plan(spec(EngineKind.SIMULATED), config(), WORK)
+        build_plan(spec(EngineKind.SIMULATED), config(), WORK, gpu_indices=IDX)
 
 
 def test_deployment_env_wins_and_is_reported() -> None:
     s = spec(rank=0, env={"NCCL_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "INFO"})
-    plan = build_plan(s, config("mp"), WORK)
+    plan = build_plan(s, config("mp"), WORK, gpu_indices=IDX)
     assert plan.main.env == {**MULTI_ENV, "NCCL_SOCKET_IFNAME": "bond0", "NCCL_DEBUG": "INFO"}
     assert plan.env_overrides == ("NCCL_SOCKET_IFNAME",)
-    assert env_overrides(s, config("mp")) == ("NCCL_SOCKET_IFNAME",)
+    assert env_overrides(s, config("mp"), IDX) == ("NCCL_SOCKET_IFNAME",)
     # Same value: nothing was overridden.
     same = spec(env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
-    assert build_plan(same, config(), WORK).env_overrides == ()
+    assert build_plan(same, config(), WORK, gpu_indices=IDX).env_overrides == ()
 
 
 def test_ray_address_override_by_deployment() -> None:
     s = spec(rank=0, env={"RAY_ADDRESS": "10.9.9.9:1"})
-    serve = build_plan(s, config("ray"), WORK).main
+    serve = build_plan(s, config("ray"), WORK, gpu_indices=IDX).main
     assert serve.env["RAY_ADDRESS"] == "10.9.9.9:1"
 
 
@@ -284,25 +305,25 @@ def test_no_interface_no_hcas() -> None:
     s = spec(rank=0)
     assert s.gang is not None
     s = attrs.evolve(s, gang=attrs.evolve(s.gang, hcas=()))
-    assert build_plan(s, cfg, WORK).main.env == {**SINGLE_ENV, "VLLM_HOST_IP": "10.0.0.2"}
+    assert build_plan(s, cfg, WORK, gpu_indices=IDX).main.env == {**BARE_ENV, "VLLM_HOST_IP": "10.0.0.2"}
 
 
 @pytest.mark.parametrize("replica", ["", "..", "a/b"])
 def test_bad_replica_id(replica: str) -> None:
     with pytest.raises(EngineError):
-        build_plan(spec(replica_id=replica), config(), WORK)
+        build_plan(spec(replica_id=replica), config(), WORK, gpu_indices=IDX)
 
 
 def test_rank_outside_gang() -> None:
     s = spec(rank=0)
     assert s.gang is not None
     with pytest.raises(EngineError, match="rank 2"):
-        build_plan(attrs.evolve(s, gang=attrs.evolve(s.gang, rank=2)), config(), WORK)
+        build_plan(attrs.evolve(s, gang=attrs.evolve(s.gang, rank=2)), config(), WORK, gpu_indices=IDX)
 
 
 def test_plans_are_pure_and_frozen() -> None:
-    a = build_plan(spec(rank=0), config("ray"), WORK)
-    assert a == build_plan(spec(rank=0), config("ray"), WORK)
+    a = build_plan(spec(rank=0), config("ray"), WORK, gpu_indices=IDX)
+    assert a == build_plan(spec(rank=0), config("ray"), WORK, gpu_indices=IDX)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         a.main.argv = ()  # type: ignore[misc]
 
@@ -363,3 +384,181 @@ def test_count_ray_nodes() -> None:
     assert count_ray_nodes(RAY_STATUS) == 2
     assert count_ray_nodes(RAY_STATUS.replace(" 1 node_9d8e7f6a\n", "")) == 1
     assert count_ray_nodes("") == 0
+
+
+# ---------------------------------------------------------------- issue 18: what the engine is handed
+
+DIGITS = re.compile(r"^\d+(,\d+)*$")
+
+
+SHAPES = (
+    ("vllm-single", EngineKind.VLLM, None, "mp"),
+    ("vllm-mp-0", EngineKind.VLLM, 0, "mp"),
+    ("vllm-mp-1", EngineKind.VLLM, 1, "mp"),
+    ("vllm-ray-head", EngineKind.VLLM, 0, "ray"),
+    ("vllm-ray-worker", EngineKind.VLLM, 1, "ray"),
+    ("sglang-single", EngineKind.SGLANG, None, "mp"),
+    ("sglang-0", EngineKind.SGLANG, 0, "mp"),
+    ("sglang-1", EngineKind.SGLANG, 1, "mp"),
+    ("simulated-single", EngineKind.SIMULATED, None, "mp"),
+    ("simulated-mp-1", EngineKind.SIMULATED, 1, "mp"),
+)
+
+
+def _every_plan(**kw: object) -> dict[str, LaunchPlan]:
+    """One plan of every shape: vLLM single/mp/ray x rank, SGLang, simulated."""
+    return {
+        name: build_plan(spec(kind, rank=rank, **kw), config(mode), WORK, python="py", gpu_indices=IDX)
+        for name, kind, rank, mode in SHAPES
+    }
+
+
+def test_every_process_of_every_plan_gets_nvml_indices_never_uuids() -> None:
+    plans = _every_plan()
+    for name, plan in plans.items():
+        for p in plan.processes:
+            cvd = p.env["CUDA_VISIBLE_DEVICES"]
+            assert DIGITS.match(cvd), (name, p.name, cvd)
+            # In the spec's order (GPU-aaaa is NVML 3, GPU-bbbb is 1), not sorted.
+            assert cvd == "3,1", (name, p.name)
+            assert p.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+            # The UUIDs stay visible, for the log, in the same order.
+            assert p.env["LLMGW_GPU_UUIDS"] == "GPU-aaaa,GPU-bbbb"
+        assert plan.gpus == (("GPU-aaaa", 3), ("GPU-bbbb", 1)), name
+    assert len(plans["vllm-ray-head"].processes) == 2  # both the Ray head and vllm serve
+
+
+def test_indices_follow_the_spec_order() -> None:
+    s = spec(gpus=("GPU-dddd", "GPU-cccc", "GPU-aaaa", "GPU-bbbb"), tensor_parallel=4)
+    assert build_plan(s, config(), WORK, gpu_indices=IDX).main.env["CUDA_VISIBLE_DEVICES"] == "2,0,3,1"
+
+
+def test_eight_gpus_fit_vllm_p2p_cache_file_name() -> None:
+    # vLLM names its P2P cache gpu_p2p_access_cache_for_<CUDA_VISIBLE_DEVICES>.json: eight
+    # UUIDs made that name longer than a file name may be (255 bytes).
+    uuids = tuple(f"GPU-{i:08x}-1111-2222-3333-444455556666" for i in range(8))
+    s = spec(gpus=uuids, tensor_parallel=8)
+    cvd = build_plan(s, config(), WORK, gpu_indices={u: 7 - i for i, u in enumerate(uuids)}).main.env[
+        "CUDA_VISIBLE_DEVICES"
+    ]
+    assert cvd == "7,6,5,4,3,2,1,0"
+    assert len(f"gpu_p2p_access_cache_for_{cvd}.json") < 255
+
+
+def test_a_placed_gpu_missing_on_the_node_refuses_the_plan() -> None:
+    with pytest.raises(EngineError, match=r"^GPU GPU-bbbb is not on this node now: .*GPU-aaaa"):
+        build_plan(spec(), config(), WORK, gpu_indices={"GPU-aaaa": 0})
+    with pytest.raises(EngineError, match="NVML lists none"):
+        build_plan(spec(rank=1), config("ray"), WORK, gpu_indices={})
+
+
+@pytest.mark.parametrize("bad", [-1, True, "1", None])
+def test_an_unusable_index_refuses_the_plan(bad: object) -> None:
+    with pytest.raises(EngineError):
+        build_plan(spec(), config(), WORK, gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": bad})
+
+
+def test_two_gpus_with_one_index_refuse_the_plan() -> None:
+    with pytest.raises(EngineError, match="NVML index 1"):
+        build_plan(spec(), config(), WORK, gpu_indices={"GPU-aaaa": 1, "GPU-bbbb": 1})
+
+
+def test_an_engine_without_gpus_sees_none() -> None:
+    # "" hides every GPU from CUDA; unset would show the engine all of the node's.
+    plan = build_plan(spec(EngineKind.SIMULATED, gpus=()), config(), WORK, python="py", gpu_indices={})
+    assert plan.main.env["CUDA_VISIBLE_DEVICES"] == "" and plan.main.env["LLMGW_GPU_UUIDS"] == ""
+    assert plan.gpus == ()
+
+
+@given(
+    placed=st.lists(st.sampled_from([f"GPU-{c}" for c in "abcdefgh"]), max_size=8, unique=True),
+    node=st.dictionaries(st.sampled_from([f"GPU-{c}" for c in "abcdefgh"]), st.integers(-2, 16)),
+)
+def test_numbering_is_integers_or_a_typed_refusal(placed: list[str], node: dict[str, int]) -> None:
+    s = spec(gpus=tuple(placed))
+    try:
+        plan = build_plan(s, config(), WORK, gpu_indices=node)
+    except EngineError:
+        return
+    cvd = plan.main.env["CUDA_VISIBLE_DEVICES"]
+    assert cvd == "" if not placed else DIGITS.match(cvd)
+    assert [int(x) for x in cvd.split(",") if x] == [node[u] for u in placed]
+
+
+def test_bootstrap_interface_on_one_node_too() -> None:
+    # Single node, tensor parallel 2: torch's Gloo group binds the hostname's address
+    # (127.0.1.1 on Debian/Ubuntu) unless told; NCCL's "=" makes eno1 not match eno10.
+    for name, plan in _every_plan().items():
+        for p in plan.processes:
+            assert p.env["NCCL_SOCKET_IFNAME"] == "=eno1", (name, p.name)
+            assert p.env["GLOO_SOCKET_IFNAME"] == "eno1", (name, p.name)  # Gloo: exact names, no "="
+    bare = attrs.evolve(config(), mgmt_interface="")
+    env = build_plan(spec(), bare, WORK, gpu_indices=IDX).main.env
+    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+
+
+def test_vllm_port_from_the_engine_block() -> None:
+    plans = _every_plan(port_base=20100)
+    for name in ("vllm-single", "vllm-mp-0", "vllm-mp-1", "vllm-ray-head", "vllm-ray-worker"):
+        for p in plans[name].processes:  # Ray's processes too: its workers inherit it
+            assert p.env["VLLM_PORT"] == "20100", (name, p.name)
+    for name in ("sglang-single", "sglang-0", "simulated-single", "simulated-mp-1"):
+        assert "VLLM_PORT" not in plans[name].main.env, name
+    # A spec from a server before the block: vLLM picks its own, as it did then.
+    for name, plan in _every_plan().items():
+        assert all("VLLM_PORT" not in p.env for p in plan.processes), name
+
+
+def test_vllm_port_deployment_wins_and_is_reported() -> None:
+    plan = build_plan(spec(port_base=20100, env={"VLLM_PORT": "40000"}), config(), WORK, gpu_indices=IDX)
+    assert plan.main.env["VLLM_PORT"] == "40000" and plan.env_overrides == ("VLLM_PORT",)
+
+
+def test_sglang_ports_from_the_engine_block() -> None:
+    one = build_plan(spec(EngineKind.SGLANG, port_base=20100), config(), WORK, gpu_indices=IDX).main.argv
+    assert one == (
+        *SG, "--tp-size", "2", "--nccl-port", "20100", "--dist-init-addr", "10.0.0.2:20101",
+        "--max-model-len", "8192",
+    )  # fmt: skip
+    for rank in (0, 1):
+        s = spec(EngineKind.SGLANG, rank=rank, port_base=20200)
+        argv = build_plan(s, config(), WORK, gpu_indices=IDX).main.argv
+        assert argv == (
+            *SG, "--tp-size", "4", "--nccl-port", "20200", "--nnodes", "2", "--node-rank", str(rank),
+            "--dist-init-addr", "10.0.0.1:29600", "--max-model-len", "8192",
+        )  # fmt: skip
+
+
+def test_ray_num_cpus_and_worker_ports_follow_the_gpus() -> None:
+    uuids = tuple(f"GPU-{c}" for c in "abcdefgh")
+    s = spec(rank=1, gpus=uuids, tensor_parallel=8)
+    (worker,) = build_plan(s, config("ray"), WORK, gpu_indices={u: i for i, u in enumerate(uuids)}).processes
+    flags = dict(a.split("=", 1) for a in worker.argv if a.startswith("--") and "=" in a)
+    assert flags["--num-gpus"] == "8" and flags["--num-cpus"] == "10"
+    lo, hi = int(flags["--min-worker-port"]), int(flags["--max-worker-port"])
+    # One port per pooled worker (num_cpus) and per GPU actor, and spare ones; inside the block.
+    assert hi - lo + 1 == 10 + 8 + 4
+    assert 27000 <= lo <= hi < 27000 + RAY_PORT_BLOCK
+
+
+def test_ray_member_with_more_gpus_than_its_block_has_ports_for() -> None:
+    uuids = tuple(f"GPU-{i}" for i in range(RAY_MAX_GPUS + 1))
+    s = spec(rank=0, gpus=uuids, tensor_parallel=len(uuids))
+    with pytest.raises(EngineError, match="worker ports"):
+        build_plan(s, config("ray"), WORK, gpu_indices={u: i for i, u in enumerate(uuids)})
+    ok = spec(rank=0, gpus=uuids[:-1], tensor_parallel=RAY_MAX_GPUS)
+    build_plan(ok, config("ray"), WORK, gpu_indices={u: i for i, u in enumerate(uuids)})
+
+
+def test_health_checked_without_a_plan() -> None:
+    plans = _every_plan()
+    for name, kind, rank, _ in SHAPES:
+        assert health_checked(spec(kind, rank=rank)) is plans[name].health_checked, name
+
+
+def test_default_plan_takes_the_node_numbering() -> None:
+    cfg = attrs.evolve(config(), supervisor=attrs.evolve(config().supervisor, work_dir=WORK))
+    plan_fn = default_plan(cfg, "py")
+    assert plan_fn(spec(), IDX).main.env["CUDA_VISIBLE_DEVICES"] == "3,1"
+    with pytest.raises(EngineError, match="not on this node now"):
+        plan_fn(spec(), {})

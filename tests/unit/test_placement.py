@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 from fakes.cluster import cluster, node
-from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
-from llmgw.model.engine import EngineKind
+from llmgw.model.deployment import (
+    ENGINE_PORT_BLOCK,
+    RAY_PORT_BLOCK,
+    SGLANG_DIST_INIT,
+    SGLANG_DIST_INIT_NEIGHBOURS,
+    Deployment,
+    Member,
+    Replica,
+    Strategy,
+)
+from llmgw.model.engine import EngineKind, EngineSpec
 from llmgw.model.inventory import FabricState
 from llmgw.model.node import NodeState
 from llmgw.server.placement import ClusterView, Placement, Unschedulable, place
+from llmgw.transport.codec import converter
 
 
 def dep(gpus: int = 1, nodes: int = 1, **kw: object) -> Deployment:
@@ -78,14 +90,68 @@ def test_used_gpus_are_never_given() -> None:
 
 def test_ports_never_two_alike_on_a_node() -> None:
     view = ClusterView(cluster(node("a", 16, port_range=(30000, 30003))))
+    sim = dep(1, engine=EngineKind.SIMULATED)  # the HTTP port only: no engine block
     ports = []
     for _ in range(4):
-        p = ok(place(dep(1), view))
+        p = ok(place(sim, view))
         view.reserve(p.members)
         ports.append(p.members[0].port)
     assert sorted(ports) == [30000, 30001, 30002, 30003]
+    r = place(sim, view)
+    assert isinstance(r, Unschedulable) and "lacked free ports" in r.reason
+
+
+def test_vllm_and_sglang_engines_get_a_port_block_of_their_own() -> None:
+    # Engines starting together on one node each get their own block (VLLM_PORT, SGLang's
+    # --nccl-port and dist-init ports) instead of racing for the same free port.
+    per = 1 + ENGINE_PORT_BLOCK
+    view = ClusterView(cluster(node("a", 16, port_range=(30000, 30000 + 3 * per - 1))))
+    seen: set[int] = set()
+    for engine in (EngineKind.VLLM, EngineKind.SGLANG, EngineKind.VLLM):
+        (m,) = ok(place(dep(1, engine=engine), view)).members
+        view.reserve((m,))
+        block = set(range(m.port_base, m.port_base + ENGINE_PORT_BLOCK))
+        assert m.port_base and m.port not in block and block <= set(m.bound_ports())
+        assert len(m.bound_ports()) == per and not seen & set(m.bound_ports())
+        seen |= set(m.bound_ports())
+    assert seen == set(range(30000, 30000 + 3 * per))
     r = place(dep(1), view)
     assert isinstance(r, Unschedulable) and "lacked free ports" in r.reason
+    # The simulated engine binds only what it is given: no block.
+    assert ok(place(dep(1, engine=EngineKind.SIMULATED), cluster(node("b")))).members[0].port_base == 0
+
+
+def test_engine_block_travels_to_the_engine_spec() -> None:
+    (m,) = ok(place(dep(1), cluster(node("a")))).members
+    r = Replica(id="d-0", deployment="d", index=0, spec=dep(1), members=(m,))
+    (s,) = r.engine_specs()
+    assert s.port_base == m.port_base != 0
+
+
+def test_member_from_before_the_block_keeps_working() -> None:
+    # A Member (and EngineSpec) decoded from an older server or store has no port_base.
+    old = {"node_id": "a", "rank": 0, "gpus": ["GPU-1"], "port": 20000, "addr": "10.0.0.1"}
+    m = converter.structure(old, Member)
+    assert m.port_base == 0 and m.bound_ports() == (20000,)
+    (s,) = Replica(id="d-0", deployment="d", index=0, spec=dep(1), members=(m,)).engine_specs()
+    assert s.port_base == 0
+    wire = json.loads(json.dumps(converter.unstructure(s)))  # as it travels: plain values
+    del wire["port_base"]
+    assert converter.structure(wire, EngineSpec) == s
+
+
+def test_sglang_gang_rendezvous_and_its_neighbours_lie_in_the_head_block() -> None:
+    # SGLang with --enable-dp-attention binds its dist-init port and the six after it.
+    c = cluster(node("a", fabrics=["ib"]), node("b", fabrics=["ib"]))
+    head, other = ok(place(dep(8, nodes=2, engine=EngineKind.SGLANG), c)).members
+    dist_init = head.rendezvous_port
+    assert dist_init == head.port_base + SGLANG_DIST_INIT
+    wanted = set(range(dist_init, dist_init + 1 + SGLANG_DIST_INIT_NEIGHBOURS))
+    assert wanted <= set(range(head.port_base, head.port_base + ENGINE_PORT_BLOCK))
+    assert wanted <= set(head.bound_ports())
+    assert len(set(head.bound_ports())) == len(head.bound_ports()) == 1 + ENGINE_PORT_BLOCK
+    assert other.rendezvous_port == dist_init and other.port_base
+    assert len(other.bound_ports()) == 1 + ENGINE_PORT_BLOCK
 
 
 def test_nvlink_clique_preferred_within_node() -> None:
@@ -151,7 +217,8 @@ def test_gang_in_one_fabric_same_gpu_model() -> None:
     assert head.rank == 0 and other.rank == 1
     assert head.rendezvous_port and head.ray_port and head.ray_port_base
     assert other.rendezvous_port == head.rendezvous_port and other.ray_port == head.ray_port
-    assert len(set(head.bound_ports())) == len(head.bound_ports()) == 3 + RAY_PORT_BLOCK
+    assert len(set(head.bound_ports())) == len(head.bound_ports()) == 3 + RAY_PORT_BLOCK + ENGINE_PORT_BLOCK
+    assert len(set(other.bound_ports())) == len(other.bound_ports()) == 1 + RAY_PORT_BLOCK + ENGINE_PORT_BLOCK
     assert other.hcas == ("mlx5_0", "mlx5_1")
 
 

@@ -11,19 +11,21 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineSpec
 
-PlanFn = Callable[[EngineSpec], LaunchPlan]
+# (spec, GPU UUID -> NVML index read on the node right before the spawn) -> the plan.
+# Raises EngineError when a placed GPU is not in the map (the supervisor refuses the start).
+PlanFn = Callable[[EngineSpec, Mapping[str, int]], LaunchPlan]
 
 
 def default_plan(config: AgentConfig, python: str) -> PlanFn:
-    def plan(spec: EngineSpec) -> LaunchPlan:
-        return build_plan(spec, config, config.supervisor.work_dir, python=python)
+    def plan(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> LaunchPlan:
+        return build_plan(spec, config, config.supervisor.work_dir, python=python, gpu_indices=gpu_indices)
 
     return plan
 

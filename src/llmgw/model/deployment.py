@@ -25,6 +25,20 @@ from .engine import EngineKind, EngineSpec, GangSpec
 # Ports reserved on each member of a Ray gang for that replica's Ray processes: a few
 # fixed ones (node manager, object manager, agents), then the workers' range.
 RAY_PORT_BLOCK = 64
+# Ports reserved on each vLLM or SGLang member for the engine's own internal ports, so that
+# engines starting together on one node do not race for the same free port (vllm#43206,
+# #39015). vLLM (0.32, utils/network_utils.py) takes VLLM_PORT as the first port and walks
+# up from it to the next free one on every get_open_port(): one for torch.distributed's
+# store, five for data parallel's master ports, world size + 1 for fault tolerance, at
+# most 15 for tensor parallel 8. SGLang takes the layout below. The simulated engine binds
+# only its HTTP port (and a gang's rendezvous): it gets no block.
+ENGINE_PORT_BLOCK = 16
+# SGLang's ports in the engine block (sglang 0.5.23, srt/server_args.py PortArgs.init_new):
+# --nccl-port first, then the dist-init port, of which SGLang with dp attention binds the
+# six after it too (tokenizer, detokenizer, rpc, metrics, scheduler input, load collector).
+SGLANG_NCCL_PORT = 0
+SGLANG_DIST_INIT = 1
+SGLANG_DIST_INIT_NEIGHBOURS = 6
 
 
 class Strategy(enum.StrEnum):
@@ -117,15 +131,21 @@ class Member:
     ray_port: int = 0
     ray_port_base: int = 0  # first of RAY_PORT_BLOCK ports on this node; 0: none
     hcas: tuple[str, ...] = ()  # the fabric's HCAs on this node
+    # First of ENGINE_PORT_BLOCK ports on this node for the engine's internal ports; 0:
+    # none (vLLM and SGLang members placed before the block existed, simulated engines).
+    # An SGLang gang's rendezvous port lies inside the head's block.
+    port_base: int = 0
 
     def bound_ports(self) -> tuple[int, ...]:
-        """The ports this member occupies on its node."""
+        """The ports this member occupies on its node, each once."""
         ports = [self.port]
         if self.rank == 0:
             ports += [p for p in (self.rendezvous_port, self.ray_port) if p]
+        if self.port_base:
+            ports += range(self.port_base, self.port_base + ENGINE_PORT_BLOCK)
         if self.ray_port_base:
             ports += range(self.ray_port_base, self.ray_port_base + RAY_PORT_BLOCK)
-        return tuple(ports)
+        return tuple(dict.fromkeys(ports))
 
 
 @frozen
@@ -203,6 +223,7 @@ class Replica:
                     gpus=m.gpus,
                     port=m.port,
                     tensor_parallel=d.gpus_per_node,
+                    port_base=m.port_base,
                     args=d.args,
                     env=dict(d.env),
                     startup_timeout=d.startup_timeout,

@@ -39,6 +39,11 @@ class EngineSpec:
     gpus: tuple[str, ...]  # GPU UUIDs placed on this node
     port: int  # engine HTTP port
     tensor_parallel: int = 1
+    # First of ENGINE_PORT_BLOCK ports (llmgw.model.deployment) on this node reserved for
+    # the engine's own internal ports (vLLM's VLLM_PORT, SGLang's --nccl-port and
+    # dist-init ports); 0: none reserved (a spec from a server before the block existed),
+    # and the engine picks its own as it did then.
+    port_base: int = 0
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(factory=dict)
     startup_timeout: float = 600.0  # seconds

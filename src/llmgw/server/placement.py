@@ -36,7 +36,14 @@ from collections.abc import Mapping
 
 from attrs import field, frozen
 
-from llmgw.model.deployment import RAY_PORT_BLOCK, Deployment, Member, Strategy
+from llmgw.model.deployment import (
+    ENGINE_PORT_BLOCK,
+    RAY_PORT_BLOCK,
+    SGLANG_DIST_INIT,
+    Deployment,
+    Member,
+    Strategy,
+)
 from llmgw.model.engine import EngineKind
 from llmgw.model.gpu_need import memory_need
 from llmgw.model.inventory import Gpu
@@ -66,10 +73,20 @@ class Unschedulable:
 # ---------------------------------------------------------------- choosing
 
 
+def _blocked(d: Deployment) -> bool:
+    """Whether each member gets an engine port block (ENGINE_PORT_BLOCK): vLLM and SGLang
+    pick internal ports of their own; the simulated engine binds only the ports it is given."""
+    return d.engine in (EngineKind.VLLM, EngineKind.SGLANG)
+
+
 def _ports_needed(d: Deployment, head: bool) -> int:
+    """Ports one member binds: HTTP; the engine block; a gang head's rendezvous (an SGLang
+    head's lies in its engine block) and Ray GCS port; a vLLM gang member's Ray block."""
     count = 1
+    if _blocked(d):
+        count += ENGINE_PORT_BLOCK
     if d.nodes > 1:
-        count += 1 if head else 0
+        count += 1 if head and d.engine != EngineKind.SGLANG else 0
         if d.engine == EngineKind.VLLM:
             count += RAY_PORT_BLOCK + (1 if head else 0)
     return count
@@ -230,8 +247,20 @@ def _members(d: Deployment, fabric: str, chosen: list[_Choice]) -> tuple[Member,
         if port is None:
             return None
         taken.add(port)
+        engine_base = 0
+        if _blocked(d):
+            found = _free_block(n, taken, ENGINE_PORT_BLOCK)
+            if found is None:
+                return None
+            engine_base = found
+            taken.update(range(found, found + ENGINE_PORT_BLOCK))
         if rank == 0 and gang:
-            rdzv = _free_port(n, taken)
+            if d.engine == EngineKind.SGLANG:
+                # SGLang's dist-init port and, with dp attention, the six after it: all
+                # inside the head's own block (model/deployment.py's layout).
+                rdzv: int | None = engine_base + SGLANG_DIST_INIT
+            else:
+                rdzv = _free_port(n, taken)
             if rdzv is None:
                 return None
             taken.add(rdzv)
@@ -259,6 +288,7 @@ def _members(d: Deployment, fabric: str, chosen: list[_Choice]) -> tuple[Member,
                 ray_port=head_ports.get("ray", 0),
                 ray_port_base=base,
                 hcas=n.fabrics[fabric].hcas if gang else (),
+                port_base=engine_base,
             )
         )
     return tuple(out)

@@ -5,8 +5,11 @@ processes to start (argv, env, cwd). No trio, no os, no clock: the supervisor ru
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 
-from llmgw.agent.engines.env import default_env, merge_env
+from attrs import evolve
+
+from llmgw.agent.engines.env import GPU_UUIDS_ENV, default_env, gpu_index_list, merge_env
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.agent.engines.ray import RAY_PORT_BLOCK_SIZE, count_ray_nodes
 from llmgw.agent.engines.sglang import sglang_plan
@@ -17,6 +20,7 @@ from llmgw.errors import EngineError
 from llmgw.model.engine import EngineKind, EngineSpec
 
 __all__ = [
+    "GPU_UUIDS_ENV",
     "RAY_PORT_BLOCK_SIZE",
     "LaunchPlan",
     "ProcessPlan",
@@ -24,6 +28,8 @@ __all__ = [
     "count_ray_nodes",
     "engine_dir",
     "env_overrides",
+    "gpu_index_list",
+    "health_checked",
 ]
 
 
@@ -32,9 +38,17 @@ def engine_dir(work_dir: str, spec: EngineSpec) -> str:
     return posixpath.join(work_dir, "engines", spec.replica_id)
 
 
-def env_overrides(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
+def env_overrides(spec: EngineSpec, config: AgentConfig, gpu_indices: Mapping[str, int]) -> tuple[str, ...]:
     """The deployment env keys that replace a value llmgw would set (for the log)."""
-    return merge_env(default_env(spec, config), spec.env)[1]
+    return merge_env(default_env(spec, config, gpu_index_list(spec, gpu_indices)), spec.env)[1]
+
+
+def health_checked(spec: EngineSpec) -> bool:
+    """Whether GET /health on the spec's port tells the engine's health (LaunchPlan's
+    field of that name), without building a plan: no GPU numbering needed, so a supervisor
+    re-attaching to a running engine can ask it even where a GPU no longer resolves."""
+    gang = spec.gang
+    return gang is None or gang.nnodes <= 1 or gang.rank == 0
 
 
 def _check(spec: EngineSpec) -> None:
@@ -45,19 +59,32 @@ def _check(spec: EngineSpec) -> None:
         raise EngineError(f"replica id {spec.replica_id!r} cannot name a folder")
 
 
-def build_plan(spec: EngineSpec, config: AgentConfig, work_dir: str, *, python: str = "") -> LaunchPlan:
+def build_plan(
+    spec: EngineSpec,
+    config: AgentConfig,
+    work_dir: str,
+    *,
+    python: str = "",
+    gpu_indices: Mapping[str, int],
+) -> LaunchPlan:
     """The processes to start for `spec` on this node.
 
-    `python` is the interpreter for the simulated engine when
-    `engines.simulated_python` is empty (the caller passes the agent's own).
+    `gpu_indices` maps GPU UUID -> NVML index, read on this node right before the spawn:
+    CUDA_VISIBLE_DEVICES gets the placed GPUs' indices in the spec's order (a placed UUID
+    it lacks raises EngineError "GPU <uuid> is not on this node now: ..."). `python` is the
+    interpreter for the simulated engine when `engines.simulated_python` is empty (the
+    caller passes the agent's own).
     """
     _check(spec)
+    indices = gpu_index_list(spec, gpu_indices)
     cwd = engine_dir(work_dir, spec)
-    env, overrides = merge_env(default_env(spec, config), spec.env)
+    env, overrides = merge_env(default_env(spec, config, indices), spec.env)
     if spec.engine is EngineKind.VLLM:
-        return vllm_plan((config.engines.vllm.bin,), spec, config, env, cwd, overrides)
-    if spec.engine is EngineKind.SGLANG:
-        return sglang_plan(spec, config, env, cwd, overrides)
-    if spec.engine is EngineKind.SIMULATED:
-        return simulated_plan(spec, config, python, env, cwd, overrides)
-    raise EngineError(f"replica {spec.replica_id}: no launch plan for engine {spec.engine!r}")
+        plan = vllm_plan((config.engines.vllm.bin,), spec, config, env, cwd, overrides)
+    elif spec.engine is EngineKind.SGLANG:
+        plan = sglang_plan(spec, config, env, cwd, overrides)
+    elif spec.engine is EngineKind.SIMULATED:
+        plan = simulated_plan(spec, config, python, env, cwd, overrides)
+    else:
+        raise EngineError(f"replica {spec.replica_id}: no launch plan for engine {spec.engine!r}")
+    return evolve(plan, gpus=tuple(zip(spec.gpus, indices, strict=True)))

@@ -36,6 +36,9 @@ class LaunchPlan:
     # Deployment env keys that replaced a value llmgw would have set (the supervisor
     # logs them, once per start).
     env_overrides: tuple[str, ...] = ()
+    # (GPU UUID, NVML index) per placed GPU, in CUDA_VISIBLE_DEVICES order: for the log
+    # and the engine's record (the environment carries the UUIDs as LLMGW_GPU_UUIDS too).
+    gpus: tuple[tuple[str, int], ...] = ()
 
     @property
     def main(self) -> ProcessPlan:

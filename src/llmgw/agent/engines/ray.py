@@ -17,6 +17,7 @@ import posixpath
 import re
 
 from llmgw.config.agent import AgentConfig
+from llmgw.errors import EngineError
 from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import GangSpec
 
@@ -33,6 +34,30 @@ WORKERS_FIRST = 16
 # Size of the block placement reserves per replica member (ports base .. base+63): one
 # constant, in the model, shared with placement.
 RAY_PORT_BLOCK_SIZE = RAY_PORT_BLOCK
+
+# `ray start --num-cpus`: Ray otherwise counts every core of the host, prestarts and pools
+# that many worker processes, each binding a worker port (a 200-core host would want more
+# than the block holds). vLLM's GPU workers ask for num_cpus=0 (vLLM 0.32,
+# v1/executor/ray_executor.py and ray_executor_v2.py; placement bundles {"GPU": 1} only),
+# so CPUs are for Ray's own tasks and vLLM's data-parallel engine actor ({"CPU": 1} per DP
+# rank, v1/engine/utils.py): the member's GPU count plus this margin, from nothing but the spec.
+RAY_CPU_MARGIN = 2
+# Worker ports beyond one per pooled worker (num_cpus) and one per GPU actor (actors with
+# num_cpus=0 run in worker processes of their own): the driver and workers being replaced.
+RAY_WORKER_SLACK = 4
+
+
+def ray_num_cpus(num_gpus: int) -> int:
+    return num_gpus + RAY_CPU_MARGIN
+
+
+def ray_worker_ports(num_gpus: int) -> int:
+    """How many worker ports a member with `num_gpus` GPUs gets (--min/--max-worker-port)."""
+    return ray_num_cpus(num_gpus) + num_gpus + RAY_WORKER_SLACK
+
+
+# The most GPUs one member's Ray block has worker ports for.
+RAY_MAX_GPUS = (RAY_PORT_BLOCK - WORKERS_FIRST - RAY_CPU_MARGIN - RAY_WORKER_SLACK) // 2
 
 
 # Ray puts its Unix sockets at <temp_dir>/session_<date>_<time>_<usec>_<pid>/sockets/
@@ -58,7 +83,13 @@ def ray_address(gang: GangSpec) -> str:
     return f"{gang.head_addr}:{gang.ray_port}"
 
 
-def _port_flags(base: int, head: bool) -> tuple[str, ...]:
+def _port_flags(base: int, head: bool, num_gpus: int) -> tuple[str, ...]:
+    workers = ray_worker_ports(num_gpus)
+    if WORKERS_FIRST + workers > RAY_PORT_BLOCK_SIZE:
+        raise EngineError(
+            f"a Ray member with {num_gpus} GPUs needs {workers} worker ports; its block of "
+            f"{RAY_PORT_BLOCK_SIZE} holds {RAY_PORT_BLOCK_SIZE - WORKERS_FIRST} (at most {RAY_MAX_GPUS} GPUs)"
+        )
     flags = [
         f"--node-manager-port={base + NODE_MANAGER}",
         f"--object-manager-port={base + OBJECT_MANAGER}",
@@ -67,7 +98,7 @@ def _port_flags(base: int, head: bool) -> tuple[str, ...]:
         f"--dashboard-agent-listen-port={base + DASHBOARD_AGENT_LISTEN}",
         f"--runtime-env-agent-port={base + RUNTIME_ENV_AGENT}",
         f"--min-worker-port={base + WORKERS_FIRST}",
-        f"--max-worker-port={base + RAY_PORT_BLOCK_SIZE - 1}",
+        f"--max-worker-port={base + WORKERS_FIRST + workers - 1}",
     ]
     if head:
         flags += [
@@ -109,8 +140,9 @@ def ray_start_argv(gang: GangSpec, config: AgentConfig, temp_dir: str, num_gpus:
         *where,
         f"--node-ip-address={config.mgmt_addr}",
         f"--num-gpus={num_gpus}",
+        f"--num-cpus={ray_num_cpus(num_gpus)}",
         f"--temp-dir={temp_dir}",
-        *_port_flags(gang.ray_port_base, head=gang.rank == 0),
+        *_port_flags(gang.ray_port_base, head=gang.rank == 0, num_gpus=num_gpus),
         "--disable-usage-stats",
         "--block",
     )

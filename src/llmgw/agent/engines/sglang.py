@@ -5,12 +5,20 @@ deployment; v0.4/v0.5): `--model-path --served-model-name --host --port --tp`, a
 several nodes the same command on every node with `--nnodes N --node-rank R
 --dist-init-addr HEAD:PORT`. SGLang's `--tp` is the tensor-parallel size of the whole
 replica across its nodes, so a multi-node replica passes the per-node size times nnodes.
+
+Ports (sglang 0.5.23, srt/server_args.py PortArgs.init_new): with the spec's engine block
+(EngineSpec.port_base) SGLang gets `--nccl-port` from it (else it draws one at random in
+22000-29999, inside llmgw's usual port range), and `--dist-init-addr` on one node too, from
+the block, with room for the six ports after it that --enable-dp-attention binds (without
+it, one node puts them at --port + 233, outside anything reserved). A gang's dist-init port
+is the head's rendezvous port, which placement puts at the same place in the head's block.
 """
 
 from __future__ import annotations
 
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.config.agent import AgentConfig
+from llmgw.model.deployment import SGLANG_DIST_INIT, SGLANG_NCCL_PORT
 from llmgw.model.engine import EngineSpec
 
 
@@ -26,12 +34,16 @@ def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--port", str(spec.port),
         "--tp-size", str(tp),
     )  # fmt: skip
+    if spec.port_base:
+        argv += ("--nccl-port", str(spec.port_base + SGLANG_NCCL_PORT))
     if gang is not None and multi:
         argv += (
             "--nnodes", str(gang.nnodes),
             "--node-rank", str(gang.rank),
             "--dist-init-addr", f"{gang.head_addr}:{gang.rendezvous_port}",
         )  # fmt: skip
+    elif spec.port_base:
+        argv += ("--dist-init-addr", f"{config.mgmt_addr}:{spec.port_base + SGLANG_DIST_INIT}")
     return argv + spec.args
 
 
