@@ -30,11 +30,14 @@ def _argvs() -> dict[str, list[str]]:
                       mgmt_addr="10.0.0.2",
                       engines=EnginesConfig(sglang=SglangConfig(python="/opt/sglang/bin/python")))
     out = {}
-    for name, rank in (("single", None), ("rank0", 0), ("rank1", 1)):
+    # "-block": with the engine port block (--nccl-port, and --dist-init-addr on one node).
+    for name, rank, base in (("single", None, 0), ("rank0", 0, 0), ("rank1", 1, 0),
+                             ("single-block", None, 20100), ("rank0-block", 0, 20100)):
         gang = None if rank is None else GangSpec(2, rank, "10.0.0.1", 29600)
         spec = EngineSpec("r1", 1, "q", "/models/qwen", "qwen", EngineKind.SGLANG, ("GPU-a",), 20001,
-                          tensor_parallel=4, args=("--mem-fraction-static", "0.85"), gang=gang)
-        argv = build_plan(spec, cfg, "/w").main.argv
+                          tensor_parallel=4, args=("--mem-fraction-static", "0.85"), gang=gang,
+                          port_base=base)
+        argv = build_plan(spec, cfg, "/w", gpu_indices={"GPU-a": 0}).main.argv
         assert argv[1:3] == ("-m", "sglang.launch_server")
         out[name] = list(argv[3:])
     return out
@@ -61,6 +64,10 @@ def test_sglang_plans_parse(parsed: dict[str, dict]) -> None:
     for name, res in parsed.items():
         assert res["ok"], (name, res)
     assert parsed["single"]["args"]["tp_size"] == 4
+    # One node with the block: the dist-init port (and the six after it that dp attention
+    # binds) come from the block, not from --port + 233.
+    assert parsed["single-block"]["args"]["dist_init_addr"] == "10.0.0.2:20101"
+    assert parsed["rank0-block"]["args"]["dist_init_addr"] == "10.0.0.1:29600"
     for rank in (0, 1):
         a = parsed[f"rank{rank}"]["args"]
         assert (a["tp_size"], a["nnodes"], a["node_rank"], a["dist_init_addr"]) == (8, 2, rank, "10.0.0.1:29600")

@@ -1,6 +1,7 @@
 """Every vLLM launch plan llmgw builds is accepted by the installed vLLM's own `vllm serve`
 argument parser (and its validation), flag by exact flag: a flag renamed in a vLLM release
-fails here, not in a production rollout."""
+fails here, not in a production rollout. And vLLM's own device-numbering code reads every
+plan's CUDA_VISIBLE_DEVICES as the GPUs that were placed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 from llmgw.agent.engines import build_plan
@@ -38,7 +40,8 @@ def _plans() -> dict[str, tuple[str, ...]]:
     out = {}
     for name, mode, rank in (("single", "mp", None), ("mp-rank0", "mp", 0),
                              ("mp-rank1-headless", "mp", 1), ("ray-head", "ray", 0)):
-        plan = build_plan(_spec(rank), _config(mode), "/var/lib/llmgw-agent")
+        plan = build_plan(_spec(rank), _config(mode), "/var/lib/llmgw-agent",
+                          gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
         argv = plan.main.argv
         assert argv[0] == VLLM and argv[1] == "serve", argv
         out[name] = argv[1:]
@@ -95,3 +98,52 @@ def test_headless_member_carries_the_deployment_args_last() -> None:
     argv = _plans()["mp-rank1-headless"]
     assert argv[-2:] == ("512", "--enforce-eager") and "--headless" in argv
     assert "--host" not in argv  # headless members serve no API
+
+
+# A TP=4 replica whose UUIDs, in the order placement lists them, are NVML's 2, 0, 3, 1.
+TP4 = ("GPU-11111111-0000-0000-0000-000000000000", "GPU-22222222-0000-0000-0000-000000000000",
+       "GPU-33333333-0000-0000-0000-000000000000", "GPU-44444444-0000-0000-0000-000000000000")
+NVML = {TP4[0]: 2, TP4[1]: 0, TP4[2]: 3, TP4[3]: 1}
+
+
+def _device_envs() -> dict[str, dict[str, str]]:
+    """The environment of every process of every vLLM plan shape for the TP=4 replica."""
+    out = {}
+    for name, mode, rank in (("single", "mp", None), ("mp-rank0", "mp", 0), ("mp-rank1", "mp", 1),
+                             ("ray-head", "ray", 0), ("ray-worker", "ray", 1)):
+        s = attrs.evolve(_spec(rank), gpus=TP4, tensor_parallel=4)
+        plan = build_plan(s, _config(mode), "/var/lib/llmgw-agent", gpu_indices=NVML)
+        for p in plan.processes:
+            out[f"{name}/{p.name}"] = p.env
+    return out
+
+
+def _devices(venv: Path, envs: list[dict[str, str]]) -> dict:
+    r = subprocess.run([str(venv / "bin" / "python"), str(HERE / "vllm_args_check.py"), "devices"],
+                       input=json.dumps(envs), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_vllm_reads_every_plans_devices_as_the_placed_gpus(vllm_venv: Path) -> None:
+    envs = _device_envs()
+    assert len(envs) == 6  # the Ray head's plan is two processes
+    old = {"CUDA_VISIBLE_DEVICES": ",".join(TP4)}  # what llmgw gave engines before issue 18
+    got = _devices(vllm_venv, [*envs.values(), old])
+    # vLLM's CUDA platform numbers devices by CUDA_VISIBLE_DEVICES, and none of its CUDA
+    # classes overrides the mapping methods the check runs: they are what runs on a GPU.
+    assert got["device_control_env_var"] == "CUDA_VISIBLE_DEVICES"
+    mapping = {"device_id_to_physical_device_id", "visible_device_id_to_physical_device_id",
+               "logical_device_id_to_visible_device_id"}
+    assert set(got["cuda_methods"]) == {"CudaPlatformBase", "NvmlCudaPlatform", "NonNvmlCudaPlatform"}
+    assert not [(c, m) for c, ms in got["cuda_methods"].items() for m in ms if m in mapping]
+    *results, before = got["results"]
+    for name, res in zip(envs, results, strict=True):
+        assert res["ok"], (name, res)
+        # Local rank r runs on the r-th placed GPU: NVML's 2, 0, 3, 1, not 0..3 or UUID order.
+        assert res["physical"] == [2, 0, 3, 1], name
+        assert res["visible_to_physical"] == [2, 0, 3, 1], name
+        assert res["logical_to_visible"] == [0, 1, 2, 3], name
+    # UUIDs: vLLM's integer parse refuses them (its NVML-backed CUDA platform looks them up
+    # instead, but its P2P cache file name and older vLLMs take the value as integers).
+    assert not before["ok"] and "Non-integer device ID" in before["error"]

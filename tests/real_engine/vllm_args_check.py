@@ -5,13 +5,24 @@ Run with the vLLM venv's python: reads a JSON list of argv lists (each starting 
 {"ok": true, "args": {...}} (the parsed values of the flags llmgw sets) or
 {"ok": false, "error": "..."}. Builds the parser exactly as `vllm`'s main() does and runs
 the serve subcommand's own validation, so a renamed or removed flag is an error here.
+
+With the argument `devices` it reads a JSON list of environments instead (what llmgw's
+plans give engine processes) and prints, per environment, what vLLM's own Platform code
+makes of CUDA_VISIBLE_DEVICES: the physical (NVML) id of each local rank, through
+Platform.device_id_to_physical_device_id, visible_device_id_to_physical_device_id and
+logical_device_id_to_visible_device_id, or the error it raises. vLLM's CUDA platform
+cannot be imported from the CPU build (it needs vllm._C_stable_libtorch), so the check
+runs those methods, which CudaPlatform inherits, on a Platform whose
+device_control_env_var is read from vllm/platforms/cuda.py's CudaPlatform itself.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
+import os
 import sys
 
 KEYS = ("model_tag", "host", "port", "served_model_name", "tensor_parallel_size",
@@ -53,5 +64,63 @@ def main() -> None:
     json.dump(out, sys.stdout, default=str)
 
 
+# vLLM 0.32's CUDA platform classes (vllm/platforms/cuda.py): CudaPlatform is one of the last two.
+CUDA_CLASSES = ("CudaPlatformBase", "NvmlCudaPlatform", "NonNvmlCudaPlatform")
+
+
+def _cuda_class_attrs() -> tuple[str, dict[str, list[str]]]:
+    """The CUDA platform's device_control_env_var and the methods each of its classes
+    defines, read from vllm/platforms/cuda.py's source."""
+    import vllm.platforms
+
+    path = os.path.join(os.path.dirname(vllm.platforms.__file__), "cuda.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    env_var = ""
+    methods: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name in CUDA_CLASSES:
+            methods[node.name] = []
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign | ast.Assign):
+                    targets = [item.target] if isinstance(item, ast.AnnAssign) else item.targets
+                    names = [t.id for t in targets if isinstance(t, ast.Name)]
+                    if "device_control_env_var" in names and isinstance(item.value, ast.Constant):
+                        env_var = str(item.value.value)
+                elif isinstance(item, ast.FunctionDef):
+                    methods[node.name].append(item.name)
+    return env_var, methods
+
+
+def devices() -> None:
+    from vllm.platforms.interface import Platform
+
+    env_var, methods = _cuda_class_attrs()
+
+    class Cuda(Platform):  # type: ignore[misc, valid-type]
+        device_name = "cuda"
+        device_control_env_var = env_var
+
+    out: dict[str, object] = {"device_control_env_var": env_var, "cuda_methods": methods, "results": []}
+    for env in json.load(sys.stdin):
+        saved = dict(os.environ)
+        os.environ.update(env)
+        n = len(env.get(env_var, "").split(","))
+        try:
+            res = {
+                "ok": True,
+                "physical": [Cuda.device_id_to_physical_device_id(i) for i in range(n)],
+                "visible_to_physical": [Cuda.visible_device_id_to_physical_device_id(i) for i in range(n)],
+                "logical_to_visible": [Cuda.logical_device_id_to_visible_device_id(i) for i in range(n)],
+            }
+        except Exception as exc:  # what vLLM raises on a value it cannot use
+            res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        out["results"].append(res)  # type: ignore[attr-defined]
+    json.dump(out, sys.stdout)
+
+
 if __name__ == "__main__":
-    main()
+    devices() if sys.argv[1:] == ["devices"] else main()
