@@ -41,6 +41,13 @@ def _check(path: str, cfg: RouterConfig) -> None:
         raise ConfigError(path, "max_body_bytes", f"{cfg.max_body_bytes} must be at least 1")
     if cfg.header_timeout <= 0:
         raise ConfigError(path, "header_timeout", f"{cfg.header_timeout:g}s must be more than 0")
+    for key in ("eject_after", "max_requests_per_replica", "max_connecting_per_replica"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(path, key, f"{getattr(cfg, key)} must be at least 1")
+    if cfg.queue_size < 0:
+        raise ConfigError(path, "queue_size", f"{cfg.queue_size} must be 0 (no queue) or more")
+    if cfg.queue_wait < 0:
+        raise ConfigError(path, "queue_wait", f"{cfg.queue_wait:g}s must not be negative")
     for name, route in cfg.models.items():
         if route.policy not in POLICIES:
             raise ConfigError(

@@ -42,6 +42,17 @@ class RouterConfig:
     # from the connection for the first request, from its first byte for later ones: 408.
     header_timeout: Duration = 10.0
     eject_for: Duration = 10.0  # a replica that failed is skipped this long
+    # Failures of a replica in a row, while another replica of the model answers, before
+    # it is ejected (a burst in which every replica fails at once ejects none).
+    eject_after: int = 3
+    # Requests in flight per ready replica; beyond, requests wait in the model's queue.
+    max_requests_per_replica: int = 1024
+    # New engine connections being dialled at once per replica; more wait their turn.
+    max_connecting_per_replica: int = 64
+    # Per model: requests that may wait for a slot, and how long each may wait, before
+    # being refused with 503 server_overloaded and Retry-After.
+    queue_size: int = 1024
+    queue_wait: Duration = 10.0
     metrics_interval: Duration = 0.25
     metrics_stale_after: Duration = 2.0
     table_poll_interval: Duration = 1.0

@@ -11,8 +11,12 @@
   clockwise to the first eligible replica whose in-flight count stays within
   `ceil(BOUND * (total + 1) / n)`. Memory is the ring: `VNODES` points per replica, no
   per-prefix state.
-- Ejection: a failed replica is skipped until `ejected_until`. When every ready replica
-  is ejected, ejection is ignored (panic mode) rather than answering 503 for the cool-off.
+- Ejection needs evidence: a replica is skipped until `ejected_until` only after
+  `eject_after` failures in a row while another replica of the model answered (a success
+  since its first failure of the run), and never when it is the last one not ejected. A
+  burst in which every replica fails at once (the router's own trouble, most likely)
+  ejects none. When every ready replica is ejected all the same, the least bad one (the
+  one whose cool-off ends first) is still tried rather than answering 503 for the cool-off.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ class Replica:
         "waiting",
         "kv_usage",
         "load_at",
+        "fails",
+        "fail_since",
+        "last_ok",
     )
 
     def __init__(self, replica_id: str, url: str, ready: bool = True) -> None:
@@ -58,6 +65,9 @@ class Replica:
         self.waiting = 0.0
         self.kv_usage = 0.0
         self.load_at = -math.inf
+        self.fails = 0  # failures in a row (a success resets it)
+        self.fail_since = 0.0  # when the first of them came
+        self.last_ok = -math.inf  # when it last answered (a response head that was no 5xx)
         self.url = ""
         self.host = ""
         self.port = 0
@@ -97,7 +107,7 @@ class Replica:
 class Pool:
     """The replicas serving one model, with the chosen policy."""
 
-    __slots__ = ("replicas", "affinity", "prefix_chars", "_ring_keys", "_ring_owners", "_rng")
+    __slots__ = ("replicas", "affinity", "prefix_chars", "n_ready", "_ring_keys", "_ring_owners", "_rng")
 
     def __init__(
         self,
@@ -110,6 +120,7 @@ class Pool:
         self.replicas = replicas
         self.affinity = affinity
         self.prefix_chars = prefix_chars
+        self.n_ready = sum(1 for r in replicas if r.ready)  # admission's capacity counts these
         self._rng = rng or random.Random()
         self._ring_keys: list[int] = []
         self._ring_owners: list[Replica] = []
@@ -142,10 +153,13 @@ class Pool:
         """The replica for the next request, or None when no ready one is left."""
         cands = [r for r in self.replicas if r.eligible(now) and r not in exclude]
         if not cands:
-            # Panic mode: every ready replica is ejected; try them anyway.
-            cands = [r for r in self.replicas if r.ready and r not in exclude]
-            if not cands:
-                return None
+            # Every ready replica is ejected: the least bad one (its cool-off ends first)
+            # is tried all the same, rather than a 503 for the whole cool-off.
+            best: Replica | None = None
+            for r in self.replicas:
+                if r.ready and r not in exclude and (best is None or r.ejected_until < best.ejected_until):
+                    best = r
+            return best
         if len(cands) == 1:
             return cands[0]
         if self.affinity and key is not None and self._ring_keys:
@@ -160,6 +174,21 @@ class Pool:
         a = cands[i]
         b = cands[j + 1 if j >= i else j]
         return a if a.score(now, stale_after) <= b.score(now, stale_after) else b
+
+    def note_failure(self, r: Replica, now: float, eject_after: int) -> bool:
+        """Count a failure of `r`; True when it should be ejected now: `eject_after`
+        failures in a row, another replica of this pool answered since the first of them,
+        and that one is not ejected (so the last replica standing never is)."""
+        if r.fails == 0:
+            r.fail_since = now
+        r.fails += 1
+        if r.fails < eject_after:
+            return False
+        since = r.fail_since
+        for o in self.replicas:
+            if o is not r and o.ready and now >= o.ejected_until and o.last_ok >= since:
+                return True
+        return False
 
     def _by_affinity(self, key: str, cands: list[Replica], now: float, stale_after: float) -> Replica | None:
         total = sum(r.outstanding for r in cands)

@@ -87,6 +87,18 @@ def no_replica(model: str) -> ApiError:
     )
 
 
+def overloaded(model: str, detail: str, retry_after: int = 1) -> ApiError:
+    """The router cannot take the request now (its queue for the model is full, or the
+    request waited its whole `queue_wait`): the router's trouble, not an engine's."""
+    return ApiError(
+        503,
+        f"the router is overloaded for `{model}` ({detail}); try again shortly",
+        type_="server_error",
+        code="server_overloaded",
+        retry_after=retry_after,
+    )
+
+
 def upstream_failed(model: str, detail: str) -> ApiError:
     return ApiError(
         502,

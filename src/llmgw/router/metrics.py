@@ -10,7 +10,7 @@ CPU per request. Rare events (engine errors, ejections) use prometheus-client's 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -80,6 +80,36 @@ class _Collector:
             "Client connections ended by an unexpected error in the router (a bug; see the log).",
             value=m.handler_errors,
         )
+        queue = GaugeMetricFamily(
+            "llmgw_router_queue_length", "Requests waiting for an engine slot, by model.", labels=["model"]
+        )
+        for model, n in sorted(m.queues().items()):
+            queue.add_metric([model], n)
+        yield queue
+        refused = CounterMetricFamily(
+            "llmgw_router_refused",
+            "Requests refused with 503 server_overloaded, by model and why (queue_full, queue_timeout).",
+            labels=["model", "why"],
+        )
+        for (model, why), n in sorted(m.refused.items()):
+            refused.add_metric([model, why], n)
+        yield refused
+        yield GaugeMetricFamily(
+            "llmgw_router_loop_lag_seconds",
+            "The router loop's worst lateness (a timer's wake-up past its due time) since the last scrape.",
+            value=m.loop_lag(),
+        )
+        yield CounterMetricFamily(
+            "llmgw_router_loop_late_seconds",
+            "Seconds the router loop ran late in all (wake-ups past their due time, summed).",
+            value=m.loop_late_total(),
+        )
+        yield CounterMetricFamily(
+            "llmgw_router_connects_forgiven",
+            "Engine connects whose deadline passed while the router itself was late, and that were "
+            "given that time back instead of being counted against the engine.",
+            value=m.forgiven(),
+        )
 
 
 class RouterMetrics:
@@ -91,6 +121,12 @@ class RouterMetrics:
         self.handler_errors = 0
         self.latency = _Hist(LATENCY_BUCKETS)
         self.first_byte_hist = _Hist(FIRST_BYTE_BUCKETS)
+        self.refused: dict[tuple[str, str], int] = {}
+        # Set by the router: figures read when /metrics is rendered.
+        self.queues: Callable[[], dict[str, int]] = dict
+        self.loop_lag: Callable[[], float] = float
+        self.loop_late_total: Callable[[], float] = float
+        self.forgiven: Callable[[], int] = int
         r.register(_Collector(self))
         self.upstream_errors = Counter(
             "llmgw_router_upstream_errors",
@@ -116,6 +152,10 @@ class RouterMetrics:
         self.count(model, status)
         if model:
             self.latency.observe(model, seconds)
+
+    def refuse(self, model: str, why: str) -> None:
+        key = (model, why)
+        self.refused[key] = self.refused.get(key, 0) + 1  # models are the table's: bounded
 
     def first_byte(self, model: str, seconds: float) -> None:
         self.first_byte_hist.observe(model, seconds)

@@ -20,12 +20,15 @@ import trio
 from llmgw.config.router import RouterConfig
 from llmgw.errors import ListenError, ProtocolError
 from llmgw.logbound import Throttle, clip
+from llmgw.rlimit import raise_nofile
 from llmgw.router import errors, sockio
+from llmgw.router.admission import Gate, Refused
 from llmgw.router.auth import ApiKey, KeyFile
 from llmgw.router.balancer import Replica, prefix_key
 from llmgw.router.errors import ApiError
 from llmgw.router.http import ClientConn, H1Error, Request
 from llmgw.router.jsondepth import MAX_DEPTH, too_deep
+from llmgw.router.lag import LagMeter, watch_lag
 from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
@@ -51,8 +54,19 @@ class Router:
         self.table = EndpointTable(policies)
         self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
         self.metrics = RouterMetrics()
-        self.upstream = UpstreamPool(config.connect_timeout)
-        self.relay = Relay(self.upstream, config, self.metrics, self._eject)
+        self.lag = LagMeter()
+        self.upstream = UpstreamPool(
+            config.connect_timeout, max_connecting=config.max_connecting_per_replica, lag=self.lag
+        )
+        self.relay = Relay(self.upstream, config, self.metrics, self._failed)
+        # Per served model: its admission queue (models of the table only: bounded).
+        self.gates: dict[str, Gate] = {}
+        self._per_replica = config.max_requests_per_replica
+        m = self.metrics
+        m.queues = lambda: {name: g.queued for name, g in self.gates.items()}
+        m.loop_lag = self.lag.take_worst
+        m.loop_late_total = lambda: self.lag.total
+        m.forgiven = lambda: self.upstream.forgiven
         self._stale = config.metrics_stale_after
         self._crash_log = Throttle(burst=5, period=60.0, clock=time.monotonic)
 
@@ -83,12 +97,25 @@ class Router:
                                         exc, self.table.version)
                     changed = False
                 if changed:
+                    self._gates_follow_table()
                     log.info(
                         "endpoint table version %d: %s",
                         self.table.version,
                         {m: len(p.replicas) for m, p in self.table.pools.items()},
                     )
             await trio.sleep(self.config.table_poll_interval)
+
+    def _capacity(self, model: str) -> int:
+        pool = self.table.pools.get(model)
+        return pool.n_ready * self._per_replica if pool is not None else 0
+
+    def _gates_follow_table(self) -> None:
+        """A new table: more (or fewer) slots per model; gates of models gone, idle, go."""
+        for name, gate in list(self.gates.items()):
+            if name in self.table.pools:
+                gate.pump(self._capacity(name))
+            elif not gate.active and not gate.queued:
+                del self.gates[name]
 
     async def _fetch_metrics(self, r: Replica, timeout: float) -> str:
         return await fetch_text(self.upstream, r.host, r.port, b"/metrics", timeout)
@@ -230,7 +257,20 @@ class Router:
             model = m
             streaming = body.get("stream") is True
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
-            status = await self._forward(client, req, path, pool, akey, streaming, model, t0)
+            gate = self.gates.get(m)
+            if gate is None:
+                gate = self.gates[m] = Gate(self.config.queue_size, self.config.queue_wait)
+            if not gate.try_enter(pool.n_ready * self._per_replica):
+                try:
+                    await gate.enter(pool.n_ready * self._per_replica, t0)
+                except Refused as exc:
+                    metrics.refuse(m, exc.why)
+                    raise errors.overloaded(m, str(exc)) from None
+                pool = self.table.pools.get(m) or pool  # the table may have moved on meanwhile
+            try:
+                status = await self._forward(client, req, path, pool, akey, streaming, model, t0)
+            finally:
+                gate.leave(self._capacity(m))
         except ApiError as err:
             status = err.status
             if client.can_respond:
@@ -269,7 +309,7 @@ class Router:
             except Failed as f:
                 last = f"{r.replica_id}: {f}"
                 if f.eject:
-                    self._eject(r, str(f))
+                    self._failed(model, r, str(f))
                 if not f.retry:
                     raise ApiError(504, str(f), type_="server_error", code="upstream_timeout") from None
             finally:
@@ -278,8 +318,13 @@ class Router:
             raise errors.no_replica(model)
         raise errors.upstream_failed(model, last)
 
-    def _eject(self, r: Replica, why: str) -> None:
+    def _failed(self, model: str, r: Replica, why: str) -> None:
+        """A failure of `r` serving `model`: counted; ejected only on the balancer's
+        evidence (several in a row while another replica answers)."""
         now = trio.current_time()
+        pool = self.table.pools.get(model)
+        if pool is None or not pool.note_failure(r, now, self.config.eject_after):
+            return
         if now >= r.ejected_until:
             log.warning(
                 "replica %s (%s) ejected for %gs: %s", r.replica_id, r.url, self.config.eject_for, why
@@ -329,6 +374,7 @@ async def serve_router(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
+    raise_nofile("router")  # two descriptors per stream in flight; a shell's 1024 is ~500
     router = Router(config)
     host, port = _split_bind(config.bind)
     try:
@@ -340,6 +386,7 @@ async def serve_router(
     log.info("router listening on http://%s:%d", bound[0], bound[1])
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_lag, router.lag)
             nursery.start_soon(router.poll_table, table_source)
             nursery.start_soon(
                 watch_load,

@@ -6,7 +6,13 @@ dechunk) rather than h11: the body of an answer is forwarded as the raw bytes th
 (see bench/README.md for the figures).
 
 `UpstreamPool.acquire` hands out an idle connection to (host, port) or dials a new one
-(TCP_NODELAY, bounded by the connect timeout). A connection goes back to the pool only
+(TCP_NODELAY, bounded by the connect timeout). At most `max_connecting` dials per engine
+are under way at once; more wait their turn, first come first served, and the wait is not
+the engine's (the connect timeout starts when the dial does). The connect timeout counts
+only the time the router was there to see the connect finish: when the deadline passes,
+the time the loop spent elsewhere meanwhile (`lag.LagMeter.late_between`) is added to it
+and the dial goes on waiting, on the same socket, so that a connect the kernel completed
+while the router was busy is taken, not blamed on the engine. A connection goes back to the pool only
 when both sides finished the exchange cleanly; anything else (a client that went away
 mid-stream, a timeout, an error) closes it, which is how the engine learns to stop
 generating. Idle connections older than `max_idle` are dropped rather than reused, since
@@ -15,10 +21,12 @@ engines close theirs after a few seconds of quiet.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 
 import trio
+from trio.lowlevel import wait_writable
 
 from llmgw.config.router import RouterConfig
 from llmgw.router import sockio
@@ -26,6 +34,7 @@ from llmgw.router.balancer import Replica
 from llmgw.router.errors import sse_error_event
 from llmgw.router.h1 import MAX_HEAD, ChunkScanner, H1Error, ResponseHead, dechunk, parse_response_head
 from llmgw.router.http import ClientConn, Request
+from llmgw.router.lag import LagMeter
 from llmgw.router.metrics import RouterMetrics
 
 
@@ -112,12 +121,25 @@ class UpstreamConn:
 
 
 class UpstreamPool:
-    def __init__(self, connect_timeout: float, max_idle: float = 3.0, max_idle_per_host: int = 512) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        max_idle: float = 3.0,
+        max_idle_per_host: int = 512,
+        *,
+        max_connecting: int = 64,
+        lag: LagMeter | None = None,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
         self.max_idle_per_host = max_idle_per_host
+        self.max_connecting = max_connecting
+        self.lag = lag
         self._idle: dict[tuple[str, int], list[UpstreamConn]] = {}
+        # Per engine, the dials under way (a FIFO semaphore); dropped when nobody uses it.
+        self._dialing: dict[tuple[str, int], trio.Semaphore] = {}
         self.opened = 0  # new connections dialled, for the metrics
+        self.forgiven = 0  # connect deadlines moved on for the router's own lateness
 
     async def acquire(self, host: str, port: int, fresh: bool = False) -> UpstreamConn:
         key = (host, port)
@@ -130,15 +152,62 @@ class UpstreamPool:
                     c.reused = True
                     return c
                 sockio.close(c.sock)
+        sem = self._dialing.get(key)
+        if sem is None:
+            sem = self._dialing[key] = trio.Semaphore(self.max_connecting)
         try:
-            with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(host, port)
-        except trio.TooSlowError as exc:
-            raise ConnectFailed(f"connect to {host}:{port} timed out") from exc
+            async with sem:
+                sock = await self._dial(host, port)
+        finally:
+            if sem.value == self.max_connecting and not sem.statistics().tasks_waiting:
+                self._dialing.pop(key, None)
+        self.opened += 1
+        return UpstreamConn(sock, key)
+
+    async def _dial(self, host: str, port: int) -> socket.socket:
+        start = trio.current_time()
+        try:
+            infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
             raise ConnectFailed(f"connect to {host}:{port}: {exc.strerror or exc}") from exc
-        self.opened += 1
-        return UpstreamConn(sockio.adopt(stream), key)
+        if not infos:
+            raise ConnectFailed(f"connect to {host}:{port}: no address")
+        family, type_, proto, _, addr = infos[0]
+        sock = socket.socket(family, type_, proto)
+        ok = False
+        try:
+            sock.setblocking(False)
+            try:
+                sock.connect(addr)
+                pending = False
+            except BlockingIOError:
+                pending = True
+            except OSError as exc:
+                raise ConnectFailed(f"connect to {host}:{port}: {exc.strerror or exc}") from exc
+            timeout = self.connect_timeout
+            deadline = start + timeout
+            while pending:
+                with trio.move_on_at(deadline) as scope:
+                    await wait_writable(sock)
+                if not scope.cancelled_caught:
+                    break
+                now = trio.current_time()
+                late = self.lag.late_between(start, now) if self.lag is not None else 0.0
+                if start + timeout + late <= now + 1e-3:
+                    raise ConnectFailed(f"connect to {host}:{port} timed out ({timeout:g}s"
+                                        + (f", {late:.3g}s of it the router's own lateness" if late else "")
+                                        + ")")
+                deadline = start + timeout + late  # the engine is owed the time we were away
+                self.forgiven += 1
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise ConnectFailed(f"connect to {host}:{port}: {os.strerror(err)}")
+            sockio.set_nodelay(sock)
+            ok = True
+            return sock
+        finally:
+            if not ok:
+                sockio.close(sock)
 
     def release(self, c: UpstreamConn) -> None:
         """Back to the pool if the exchange finished cleanly; closed otherwise."""
@@ -211,7 +280,7 @@ class Relay:
         pool: UpstreamPool,
         config: RouterConfig,
         metrics: RouterMetrics,
-        eject: Callable[[Replica, str], None],
+        eject: Callable[[str, Replica, str], None],
     ) -> None:
         self.pool = pool
         self.first_byte = config.first_byte_timeout
@@ -294,6 +363,8 @@ class Relay:
                     self.metrics.upstream_error(r.replica_id, "status")
                     raise Failed(f"engine answered HTTP {status}")
                 now = trio.current_time()
+                r.last_ok = now  # evidence for the balancer: this replica answers
+                r.fails = 0
                 self.metrics.first_byte(model, now - t0)
                 idle = self.idle
                 slack = idle / 64
@@ -401,7 +472,7 @@ class Relay:
         # The engine failed after the client got the head: end the stream with an error.
         self.metrics.upstream_error(r.replica_id, "broken")
         if not broken.startswith("no data"):
-            self.eject(r, broken)
+            self.eject(model, r, broken)
         at_boundary = scanner is None or (scanner.remaining == 0 and not scanner.partial)
         if streaming and chunked_out and at_boundary:
             ev = sse_error_event(f"replica {r.replica_id} failed: {broken}")
