@@ -6,6 +6,8 @@ plan's CUDA_VISIBLE_DEVICES as the GPUs that were placed."""
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 
 from llmgw.agent.engines import build_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
+from llmgw.model.deployment import ENGINE_PORT_BLOCK
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 
 pytestmark = pytest.mark.real_engine
@@ -147,3 +150,40 @@ def test_vllm_reads_every_plans_devices_as_the_placed_gpus(vllm_venv: Path) -> N
     # UUIDs: vLLM's integer parse refuses them (its NVML-backed CUDA platform looks them up
     # instead, but its P2P cache file name and older vLLMs take the value as integers).
     assert not before["ok"] and "Non-integer device ID" in before["error"]
+
+
+def _free_block(size: int) -> int:
+    """The first of `size` ports free on this host (bindable now)."""
+    for _ in range(200):
+        base = random.randrange(40000, 60000 - size)
+        socks = []
+        try:
+            for port in range(base, base + size):
+                sock = socket.socket()
+                sock.bind(("", port))
+                socks.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no {size} free ports in a row")
+
+
+def test_vllm_takes_its_internal_ports_from_the_engine_block(vllm_venv: Path) -> None:
+    base = _free_block(ENGINE_PORT_BLOCK)
+    s = attrs.evolve(_spec(None), port_base=base)
+    env = build_plan(s, _config("mp"), "/var/lib/llmgw-agent", gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1}).main.env
+    assert env["VLLM_PORT"] == str(base)
+    r = subprocess.run(
+        [str(vllm_venv / "bin" / "python"), str(HERE / "vllm_args_check.py"), "ports"],
+        input=json.dumps([{"env": env, "hold": []}, {"env": env, "hold": [base, base + 1]}]),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    free, busy = json.loads(r.stdout)
+    block = range(base, base + ENGINE_PORT_BLOCK)
+    # vLLM starts at VLLM_PORT and walks up to the next free port: inside the block.
+    assert free["open_port"] == base and set(free["open_ports"]) <= set(block)
+    assert busy["open_port"] == base + 2 and set(busy["open_ports"]) <= set(block)

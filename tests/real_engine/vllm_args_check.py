@@ -14,6 +14,10 @@ logical_device_id_to_visible_device_id, or the error it raises. vLLM's CUDA plat
 cannot be imported from the CPU build (it needs vllm._C_stable_libtorch), so the check
 runs those methods, which CudaPlatform inherits, on a Platform whose
 device_control_env_var is read from vllm/platforms/cuda.py's CudaPlatform itself.
+
+With `ports` it reads a JSON list of {"env": {...}, "hold": [ports]} and prints, per item,
+the ports vLLM's own get_open_port() and get_open_ports_list(5) pick under that environment
+while this process holds (listens on) the `hold` ports.
 """
 
 from __future__ import annotations
@@ -122,5 +126,30 @@ def devices() -> None:
     json.dump(out, sys.stdout)
 
 
+def ports() -> None:
+    import socket
+
+    from vllm.utils.network_utils import get_open_port, get_open_ports_list
+
+    out = []
+    for item in json.load(sys.stdin):
+        saved = dict(os.environ)
+        os.environ.update(item["env"])
+        held = []
+        try:
+            for port in item["hold"]:
+                s = socket.socket()
+                s.bind(("", port))
+                s.listen()
+                held.append(s)
+            out.append({"open_port": get_open_port(), "open_ports": sorted(get_open_ports_list(5))})
+        finally:
+            for s in held:
+                s.close()
+            os.environ.clear()
+            os.environ.update(saved)
+    json.dump(out, sys.stdout)
+
+
 if __name__ == "__main__":
-    devices() if sys.argv[1:] == ["devices"] else main()
+    {"devices": devices, "ports": ports}.get(sys.argv[1] if sys.argv[1:] else "", main)()
