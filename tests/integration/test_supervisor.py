@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -256,7 +256,7 @@ async def test_multi_process_plan_shares_one_session(tmp_path: Path, prefix: str
     sleeper = ProcessPlan("helper", ("sleep", "60"))
     main = ProcessPlan("engine", ("sleep", "61"))
 
-    def plan(s: EngineSpec) -> LaunchPlan:
+    def plan(s: EngineSpec, indices: Mapping[str, int]) -> LaunchPlan:
         return LaunchPlan((sleeper, main), health_checked=False)
 
     reports = Reports()

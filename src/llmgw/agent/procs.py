@@ -119,6 +119,27 @@ def session_pids(sid: int) -> list[int]:
     return out
 
 
+def sessions_pids(sids: frozenset[int]) -> dict[int, list[int]]:
+    """The live processes of each session in `sids`, in one walk of /proc."""
+    out: dict[int, list[int]] = {sid: [] for sid in sids}
+    if not sids:
+        return out
+    for pid in _all_pids():
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        sid = int(fields[3])
+        if sid in out:
+            out[sid].append(pid)
+    return out
+
+
+def state_of(pid: int) -> str | None:
+    """The state letter of /proc/<pid>/stat (R, S, D, Z, ...); None when gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
 def pids_with_env(key: str, value: str) -> list[int]:
     """Live processes whose environment holds key=value (ours only: others are unreadable)."""
     needle = f"{key}={value}".encode()

@@ -34,6 +34,9 @@ class EngineRecord:
     start_time: int = 0  # /proc/<pid>/stat field 22
     ports: tuple[int, ...] = ()
     restarts: int = 0
+    # NVML's index of each of spec.gpus, in that order: what CUDA_VISIBLE_DEVICES got
+    # (the UUIDs stay in the spec). Empty: no GPUs, or a record from before indices.
+    cuda_devices: tuple[int, ...] = ()
 
     @property
     def pending(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 from attrs import define, evolve, field
@@ -22,10 +22,14 @@ from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
 from llmgw.agent.engine_states import EngineEvent, transition
 from llmgw.agent.engines import LaunchPlan
-from llmgw.agent.health import HealthEvent, http_health, watch_health
+from llmgw.agent.gpu_claims import check_gpus
+from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
+from llmgw.agent.gpu_release import release_reasons
+from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_health
 from llmgw.agent.logtail import tail_lines
 from llmgw.agent.plans import PlanFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
+from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
@@ -37,6 +41,68 @@ ADOPTION_HEALTH_WAIT = 2.0
 # Once ready, whether the socket answering health is the engine's own is checked again
 # every this many successful probes (a /proc walk; every probe would be wasteful).
 OWNER_CHECK_EVERY = 30
+# Seconds between readings of a stopped engine's GPUs while their memory comes back.
+RELEASE_POLL = 1.0
+# A start that finds one of its GPUs still releasing (the replica's previous session has
+# just ended: a rolling restart on the same GPUs) reads again for this long before it is
+# refused; the driver frees a process's memory a moment after the process is gone.
+START_RELEASE_WAIT = 3.0
+START_RELEASE_POLL = 0.25
+
+Reading = Mapping[str, GpuMemory]
+
+
+@define(eq=False)
+class _Release:
+    """The GPUs of one ended engine session, until their memory is back."""
+
+    replica_id: str
+    gpus: tuple[str, ...]
+    pids: frozenset[int]  # the session's processes, the leader included
+    began: float  # trio's clock when the session ended
+    reasons: dict[str, str]  # uuid -> why it is still releasing; empty: released
+    alive: frozenset[int] = frozenset()  # of `pids`, those /proc still had last time
+    late: bool = False  # past release_timeout (logged once)
+
+
+async def watch_release(
+    rel: _Release,
+    read: Callable[[], Awaitable[Reading | None]],
+    states: Callable[[frozenset[int]], Awaitable[dict[int, str | None]]],
+    *,
+    timeout: float,
+    on_change: Callable[[], None],
+    poll: float = RELEASE_POLL,
+) -> None:
+    """Read `rel`'s GPUs every `poll` seconds until none is releasing. Past `timeout` the
+    reasons name the stuck pid and its state; it goes on reading (the GPUs stay out).
+    `read` (the GPUs) and `states` (/proc states of pids) run the blocking reads in a
+    thread."""
+    while True:
+        await refresh_release(rel, await read(), await states(rel.pids),
+                              timeout=timeout, on_change=on_change)
+        if not rel.reasons:
+            return
+        await trio.sleep(poll)
+
+
+async def refresh_release(rel: _Release, reading: Reading | None,
+                          states: Mapping[int, str | None], *, timeout: float,
+                          on_change: Callable[[], None]) -> None:
+    elapsed = trio.current_time() - rel.began
+    reasons = release_reasons(rel.gpus, rel.pids, reading, replica_id=rel.replica_id,
+                              elapsed=elapsed, timeout=timeout, states=states)
+    rel.alive = frozenset(p for p in rel.pids if states.get(p) is not None)
+    if elapsed >= timeout and reasons and not rel.late:
+        rel.late = True
+        for uuid, why in reasons.items():
+            log.warning("GPU %s: %s", uuid, why)
+    if reasons != rel.reasons:
+        if not reasons:
+            log.info("engine %s: GPUs %s released after %.1fs", rel.replica_id,
+                     ",".join(rel.gpus), elapsed)
+        rel.reasons = reasons
+        on_change()
 
 
 @define(eq=False)
@@ -50,6 +116,8 @@ class _Engine:
     stop_requested: trio.Event = field(factory=trio.Event)
     done: trio.Event = field(factory=trio.Event)
     settled: trio.Event = field(factory=trio.Event)  # left "starting" (or never will)
+    # Processes seen in its session (the leader included): whose GPU memory must go.
+    pids: set[int] = field(factory=set)
 
     @property
     def spec(self) -> EngineSpec:
@@ -65,8 +133,22 @@ class Supervisor:
         python: str = sys.executable,
         plan: PlanFn | None = None,
         on_unavailable: Callable[[], None] | None = None,
+        gpu_memory: GpuMemoryReader | None = None,
+        model_size: Callable[[str], int] | None = None,
+        on_gpus_changed: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
+        # Read right before each spawn of an engine with GPUs (their NVML indices, health,
+        # free memory and holders) and after each such engine ends (its memory back).
+        # None: specs with GPUs are refused, since no CUDA index can be given to them.
+        self._gpu_memory = gpu_memory
+        # Bytes of the complete local copy of a model (0: unknown), for the startup floor.
+        # Called on the event loop: it must not block.
+        self._model_size = model_size
+        # Called (on the event loop, must not block) when releasing() or engine_pids()
+        # changes: an engine spawned, a session ended, a GPU released or its reason moved.
+        self._on_gpus_changed = on_gpus_changed
+        self._releases: list[_Release] = []
         # Called when an engine's command does not resolve: the agent runs discovery
         # again, so that its inventory says so.
         self._on_unavailable = on_unavailable
@@ -133,7 +215,30 @@ class Supervisor:
                     nursery.start_soon(self._stop, stop)
             for action in actions:
                 if isinstance(action, Start):
-                    self._start(action.spec)
+                    await self._start(action.spec)
+
+    def releasing(self) -> dict[str, str]:
+        """GPU UUID -> why it is not back yet, for each GPU of an ended engine whose
+        memory has not come back (Gpu.releasing in the inventory)."""
+        out: dict[str, str] = {}
+        for rel in self._releases:
+            for uuid, why in rel.reasons.items():
+                out.setdefault(uuid, why)
+        return out
+
+    def engine_pids(self) -> frozenset[int]:
+        """Every process of every live engine session, and those of ended sessions still
+        alive while their GPUs release: on the GPUs, none of them is foreign. Blocking (one
+        walk of /proc): call it from a thread."""
+        sids = frozenset(e.record.sid for e in self._engines.values() if e.record.sid > 0)
+        found = procs.sessions_pids(sids)
+        out = {pid for pids in found.values() for pid in pids}
+        out.update(e.record.pid for e in self._engines.values() if e.record.pid > 0)
+        for e in self._engines.values():
+            out.update(e.pids)
+        for rel in self._releases:
+            out.update(rel.alive)
+        return frozenset(out)
 
     def log_tail(self, replica_id: str, lines: int) -> tuple[str, ...]:
         try:
@@ -159,6 +264,58 @@ class Supervisor:
                  state, reason)
         self._call(eng.report)
 
+    def _gpus_changed(self) -> None:
+        if self._on_gpus_changed is None:
+            return
+        try:
+            self._on_gpus_changed()
+        except Exception:
+            log.exception("on_gpus_changed failed")
+
+    def _read_gpus(self) -> Reading | None:
+        """One reading of the GPUs (blocking); None when there is no reader or it fails."""
+        if self._gpu_memory is None:
+            return None
+        try:
+            return self._gpu_memory()
+        except Exception as exc:  # a reader bug or an NVML error: "cannot read" for now
+            log.warning("reading the GPUs failed: %s", exc)
+            return None
+
+    async def _read_gpus_async(self) -> Reading | None:
+        return await trio.to_thread.run_sync(self._read_gpus)
+
+    async def _gpu_indices(self, spec: EngineSpec) -> dict[str, int] | str:
+        """The NVML index of each of the spec's GPUs, or why it must not start now.
+
+        No GPUs: nothing to map, nothing to check. GPUs with no reader, or a reader that
+        cannot read: refused, since CUDA_VISIBLE_DEVICES takes indices, and a guess (the
+        position in the spec, the last inventory's) could hand the engine someone else's
+        GPU. The integrator gives GPU-less or NVML-less nodes a reader made from the
+        inventory (gpu_memory.from_inventory)."""
+        if not spec.gpus:
+            return {}
+        if self._gpu_memory is None:
+            return (f"no GPU reader on this agent to map GPUs {','.join(spec.gpus)} to "
+                    "CUDA devices")
+        deadline = trio.current_time() + START_RELEASE_WAIT
+        while True:
+            reading = await self._read_gpus_async()
+            if reading is None:
+                return f"cannot read the GPUs (NVML) to map {','.join(spec.gpus)} to CUDA devices"
+            mine = [r for r in self._releases if set(r.gpus) & set(spec.gpus) and r.reasons]
+            for rel in mine:  # this fresh reading may show them back already
+                states = await _pid_states_async(rel.pids)
+                await refresh_release(rel, reading, states, timeout=self._sup.release_timeout,
+                                      on_change=self._gpus_changed)
+            own = frozenset(p for r in self._releases if r.replica_id == spec.replica_id
+                            for p in r.pids)
+            verdict = check_gpus(spec, reading, self.releasing(), own)
+            if (not isinstance(verdict, str) or not any(u in self.releasing() for u in spec.gpus)
+                    or trio.current_time() >= deadline):
+                return verdict
+            await trio.sleep(START_RELEASE_POLL)
+
     def _call(self, report: EngineReport) -> None:
         try:
             self._on_report(report)
@@ -173,7 +330,7 @@ class Supervisor:
     def _endpoint(self, spec: EngineSpec, health: bool) -> str:
         return f"http://{self._config.mgmt_addr}:{spec.port}" if health else ""
 
-    def _start(self, spec: EngineSpec) -> None:
+    async def _start(self, spec: EngineSpec) -> None:
         nursery = self._nursery_or_raise()
         rid = spec.replica_id
         prev = self._exited.pop(rid, None)
@@ -182,9 +339,15 @@ class Supervisor:
         os.makedirs(folder, exist_ok=True)
         log_path = os.path.join(folder, LOG)
         procs.rotate_log(log_path, self._sup.log_max_bytes)
-        record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts)
+        indices = await self._gpu_indices(spec)
+        if isinstance(indices, str):
+            self._refuse(spec, restarts, log_path, f"not started: {indices}")
+            return
+        devices = tuple(indices[u] for u in spec.gpus)
+        record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts,
+                              cuda_devices=devices)
         try:
-            plan: LaunchPlan = self._plan(spec)
+            plan: LaunchPlan = self._plan(spec, indices)
         except LlmgwError as exc:  # a config the spec cannot run with: said, no traceback
             self._refuse(spec, restarts, log_path, f"could not start: {exc}")
             return
@@ -199,6 +362,11 @@ class Supervisor:
             self._refuse(spec, restarts, log_path, f"not started: {conflict.reason}",
                          conflict_port=spec.port)
             return
+        if spec.gpus:
+            mapping = (f"GPUs {','.join(spec.gpus)} as CUDA devices "
+                       f"{','.join(str(i) for i in devices)}")
+            log.info("engine %s gen %d: %s", rid, spec.generation, mapping)
+            _note(log_path, rid, mapping)
         try:
             # Pending first: an agent killed between spawn and the completed record
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
@@ -226,10 +394,12 @@ class Supervisor:
                       report=EngineReport(rid, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, plan.health_checked),
                                           pid=pid, restarts=restarts))
+        eng.pids.add(pid)
         self._engines[rid] = eng
         self.starts_total += 1
         self.restarts_total += prev is not None
         self._event(eng, EngineEvent.STARTED, f"started (pid {pid})")
+        self._gpus_changed()
         nursery.start_soon(self._run, eng)
 
     def _refuse(self, spec: EngineSpec, restarts: int, log_path: str, reason: str, *,
@@ -239,11 +409,7 @@ class Supervisor:
         rid = spec.replica_id
         if not logged:
             log.warning("engine %s gen %d: %s", rid, spec.generation, reason)
-        try:
-            with open(log_path, "a") as f:
-                f.write(f"llmgw agent: {reason}\n")
-        except OSError as exc:
-            log.debug("engine %s: cannot write %s: %s", rid, log_path, exc)
+        _note(log_path, rid, reason)
         report = EngineReport(rid, spec.generation, transition(None, EngineEvent.EXITED)[0],
                               reason=reason, restarts=restarts, conflict_port=conflict_port,
                               log_tail=tail_lines(log_path, self._sup.log_lines))
@@ -262,8 +428,14 @@ class Supervisor:
     def _launch_watch(self, record: EngineRecord, reason: str) -> None:
         nursery = self._nursery_or_raise()
         spec = record.spec
+        # Only whether it is health-checked is asked of the plan here: the recorded indices
+        # where the record has them, else positions (an older record), which cannot change
+        # that answer.
+        indices = (dict(zip(spec.gpus, record.cuda_devices, strict=True))
+                   if len(record.cuda_devices) == len(spec.gpus)
+                   else {u: i for i, u in enumerate(spec.gpus)})
         try:
-            health = self._plan(spec).health_checked
+            health = self._plan(spec, indices).health_checked
         except Exception as exc:  # the config changed under a running engine: still adopt
             log.warning("engine %s: no launch plan (%s); watched for liveness only",
                         spec.replica_id, exc)
@@ -272,6 +444,7 @@ class Supervisor:
                       report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, health),
                                           pid=record.pid, restarts=record.restarts))
+        eng.pids.add(record.pid)
         self._engines[spec.replica_id] = eng
         self._event(eng, EngineEvent.ADOPTED, reason)
         nursery.start_soon(self._run, eng)
@@ -318,6 +491,7 @@ class Supervisor:
                 await eng.stop_requested.wait()
                 health_scope.cancel()
                 self._event(eng, EngineEvent.STOP_REQUESTED, eng.stop_reason)
+                eng.pids.update(procs.session_pids(rec.sid))  # whose GPU memory must go
                 killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
 
             nursery.start_soon(stopper)
@@ -330,7 +504,9 @@ class Supervisor:
             if not eng.stop_requested.is_set():
                 nursery.cancel_scope.cancel()  # the stopper has nothing left to stop
         # The leader is gone; members it left in its session (its workers, Ray) go too.
-        if procs.session_pids(rec.sid):
+        left = procs.session_pids(rec.sid)
+        eng.pids.update(left)
+        if left:
             if not eng.stop_requested.is_set() and eng.state is EngineState.READY:
                 # Not ready from this moment: stopping what is left (vLLM's EngineCore and
                 # workers) can take up to stop_timeout, and the routers must not wait for it.
@@ -357,10 +533,40 @@ class Supervisor:
         tail = tail_lines(rec.log_path, self._sup.log_lines)
         del self._engines[rec.spec.replica_id]
         remove_record(self._sup.work_dir, rec.spec.replica_id)
+        # Releasing before the exit is reported: a server that places again on hearing it
+        # must already find these GPUs out (the inventory says so once it is sent).
+        self._begin_release(eng)
         self._event(eng, EngineEvent.EXITED, reason, exit_code=code, log_tail=tail)
         if not eng.stop_requested.is_set() or eng.failed:
             self._exited[rec.spec.replica_id] = eng.report
         eng.done.set()
+
+    def _begin_release(self, eng: _Engine) -> None:
+        """Hold `eng`'s GPUs as releasing until the reader shows its memory back. Without a
+        reader there is nothing to watch with: they are free at once, as before."""
+        spec = eng.spec
+        if not spec.gpus or self._gpu_memory is None or self._nursery is None:
+            self._gpus_changed()  # its pids left engine_pids()
+            return
+        rel = _Release(spec.replica_id, spec.gpus, frozenset(eng.pids), trio.current_time(),
+                       {u: f"releasing after {spec.replica_id} stopped" for u in spec.gpus},
+                       alive=frozenset(eng.pids))
+        self._releases.append(rel)
+        self._gpus_changed()
+        self._nursery.start_soon(self._release, rel)
+
+    async def _release(self, rel: _Release) -> None:
+        # Cancelled (the agent stopping) with memory still held, the release ends with the
+        # agent: a restarted one sees the stuck process as foreign on the GPU, so
+        # placement still avoids it.
+        try:
+            await watch_release(rel, self._read_gpus_async, _pid_states_async,
+                                timeout=self._sup.release_timeout, on_change=self._gpus_changed)
+        except Exception:  # a bug here must not take the agent down
+            log.exception("engine %s: watching its GPUs' release failed; they stay out "
+                          "until the agent restarts", rel.replica_id)
+            return
+        self._releases.remove(rel)
 
     def _port_taken(self, port: int) -> PortConflict | None:
         if ports.port_free(self._config.mgmt_addr, port):
@@ -371,9 +577,25 @@ class Supervisor:
         host, port = self._config.mgmt_addr, eng.spec.port
         answered = 0
 
+        timeout = probe_timeout(eng.spec.engine, eng.spec.env, self._sup.health_timeout)
+        size = 0
+        if self._model_size is not None:
+            try:
+                size = max(0, int(self._model_size(eng.spec.model)))
+            except Exception as exc:  # the floor is a help, never a reason not to start
+                log.warning("engine %s: size of %s unknown: %s", eng.spec.replica_id,
+                            eng.spec.model, exc)
+        clock = StartupDeadline.start(trio.current_time(), eng.spec.startup_timeout,
+                                      cap=self._sup.startup_max, size_bytes=size,
+                                      log_size=_size(eng.record.log_path))
+
+        def deadline(now: float) -> float:
+            nonlocal clock
+            clock = clock.observe(_size(eng.record.log_path), now)
+            return clock.deadline
+
         async def probe() -> bool:
             nonlocal answered
-            timeout = min(5.0, max(0.5, self._sup.health_interval))
             began = trio.current_time()
             ok = await http_health(host, port, timeout=timeout)
             self.on_probe(trio.current_time() - began, ok)
@@ -398,10 +620,38 @@ class Supervisor:
             elif event is HealthEvent.UNHEALTHY:
                 self._event(eng, EngineEvent.HEALTH_FAIL, "three health checks failed in a row")
             else:
-                eng.failed = f"not ready within {eng.spec.startup_timeout:g}s"
+                now = trio.current_time()
+                eng.failed = (clock.expired(now)
+                              or f"not ready within {now - clock.began:.0f}s")
                 self._event(eng, EngineEvent.STARTUP_TIMEOUT, eng.failed)
                 eng.stop_reason = "failed to start in time"
                 eng.stop_requested.set()
 
         await watch_health(probe, interval=self._sup.health_interval,
-                           startup_timeout=eng.spec.startup_timeout, on_event=on_event)
+                           startup_timeout=eng.spec.startup_timeout, on_event=on_event,
+                           deadline=deadline)
+
+
+def _size(path: str) -> int:
+    """The size of an engine's log (its progress while starting); -1 when unreadable."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+def _pid_states(pids: frozenset[int]) -> dict[int, str | None]:
+    return {pid: procs.state_of(pid) for pid in pids}
+
+
+async def _pid_states_async(pids: frozenset[int]) -> dict[int, str | None]:
+    return await trio.to_thread.run_sync(_pid_states, pids)
+
+
+def _note(log_path: str, rid: str, line: str) -> None:
+    """A line of the agent's own in the engine's log, for `ctl logs` and the log tail."""
+    try:
+        with open(log_path, "a") as f:
+            f.write(f"llmgw agent: {line}\n")
+    except OSError as exc:
+        log.debug("engine %s: cannot write %s: %s", rid, log_path, exc)
