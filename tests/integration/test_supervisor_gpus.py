@@ -118,6 +118,7 @@ async def test_started_with_nvml_indices_recorded_and_logged(tmp_path: Path, pre
     reports = Reports()
     plan = PlanLog()
     changed: list[frozenset[int]] = []
+    sup: Supervisor
     sup = Supervisor(cfg(tmp_path), reports, plan=plan, gpu_memory=gpus,
                      on_gpus_changed=lambda: changed.append(sup.engine_pids()))
     s = spec(f"{prefix}a", "GPU-a", "GPU-b")
@@ -150,6 +151,7 @@ async def test_gpus_release_only_once_the_memory_is_back(tmp_path: Path, prefix:
     gpus = FakeGpus(gpu("GPU-a", 3))
     reports = Reports()
     changes: list[dict[str, str]] = []
+    sup: Supervisor
     sup = Supervisor(cfg(tmp_path), reports, plan=PlanLog(), gpu_memory=gpus,
                      on_gpus_changed=lambda: changes.append(sup.releasing()))
     first = spec(f"{prefix}a", "GPU-a")
