@@ -48,7 +48,7 @@ async def test_adopted_engine_plan_gets_its_recorded_indices(tmp_path: Path) -> 
         async with trio.open_nursery() as nursery:
             await nursery.start(sup.serve)
             assert plan.calls == [(SPEC, {"GPU-a": 3, "GPU-b": 0})]
-            assert reports.states()[-1] is EngineState.READY  # liveness only, as planned
+            await reports.wait("r1", EngineState.READY)  # liveness only, as planned
             assert pid in sup.engine_pids()
             nursery.cancel_scope.cancel()
     finally:
