@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import trio
+from test_router import MODEL, Source, engine, start_router, table
 
 from fakes.engines import SimEngineProcess, free_port
-from test_router import MODEL, Source, engine, start_router, table
 
 
 @pytest.fixture
