@@ -24,7 +24,13 @@ import sys
 from llmgw.agent.discovery.gpus import PCI_ROOT, _read_nvidia_smi, _try_nvml, load_nvml
 from llmgw.model.inventory import Gpu
 
-FIELDS = ("uuid", "name", "memory_total", "pci_bus_id", "numa_node", "nvlink_peers")
+FIELDS = ("uuid", "name", "memory_total", "pci_bus_id", "numa_node", "compute_capability",
+          "nvlink_peers", "pci_path")
+# nvidia-smi's query reads no health and no processes: NVML's are shown, and its process
+# list is checked against `nvidia-smi --query-compute-apps` (process_differences).
+COMPUTE_APPS_ARGS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
+# Two reads a moment apart: a process's memory may move this much between them.
+PROCESS_MEMORY_SLACK_MIB = 256
 
 
 def show(source: str, gpus: list[Gpu]) -> None:
@@ -33,6 +39,38 @@ def show(source: str, gpus: list[Gpu]) -> None:
         peers = ",".join(f"{u[-8:]}x{n}" for u, n in sorted(g.nvlink_peers.items())) or "-"
         print(f"  {g.index} {g.uuid} {g.name} {g.memory_total} MiB bus={g.pci_bus_id} "
               f"numa={g.numa_node} nvlink={peers}")
+        for p in g.problems:
+            print(f"    problem: {p}")
+        for proc in g.processes:
+            print(f"    process: pid {proc.pid} {proc.memory} MiB {proc.command}")
+
+
+def parse_compute_apps(text: str) -> dict[str, dict[int, int]]:
+    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`: UUID -> {pid: MiB}
+    (a memory nvidia-smi does not give, "[N/A]", reads 0; lines that do not parse are skipped)."""
+    out: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 3 or not cells[1].isdigit():
+            continue
+        mib = int(cells[2]) if cells[2].isdigit() else 0
+        out.setdefault(cells[0], {})[int(cells[1])] = mib
+    return out
+
+
+def process_differences(gpus: list[Gpu], apps: dict[str, dict[int, int]]) -> list[str]:
+    """NVML's processes per GPU (Gpu.processes) against nvidia-smi's compute apps."""
+    out = []
+    for g in gpus:
+        mine = {p.pid: p.memory for p in g.processes}
+        theirs = apps.get(g.uuid, {})
+        if set(mine) != set(theirs):
+            out.append(f"{g.uuid} processes: NVML {sorted(mine)} vs nvidia-smi {sorted(theirs)}")
+            continue
+        for pid, mib in mine.items():
+            if theirs[pid] and abs(mib - theirs[pid]) > PROCESS_MEMORY_SLACK_MIB:
+                out.append(f"{g.uuid} pid {pid} memory: NVML {mib} MiB vs nvidia-smi {theirs[pid]} MiB")
+    return out
 
 
 def differences(a: list[Gpu], b: list[Gpu]) -> list[str]:
@@ -69,10 +107,15 @@ def main() -> int:
         print("nvidia-smi:", w)
     if from_smi is not None:
         show("nvidia-smi", from_smi)
-    if not from_nvml or not from_smi:
+    if not from_nvml or not from_smi or not smi:
         print("FAIL: a source found no GPU")
         return 1
     diffs = differences(from_nvml, from_smi)
+    apps = subprocess.run([smi, *COMPUTE_APPS_ARGS], capture_output=True, text=True, check=False)
+    if apps.returncode == 0:
+        diffs += process_differences(from_nvml, parse_compute_apps(apps.stdout))
+    else:
+        print("nvidia-smi --query-compute-apps failed:", apps.stderr.strip()[:300])
     for d in diffs:
         print("DIFF:", d)
     print("discovery:", "the two sources agree" if not diffs else f"{len(diffs)} difference(s)")
