@@ -10,6 +10,15 @@ streams), the latency the router adds, events/s relayed, and the router's CPU se
 per request: utime+stime of the router process over the window / requests served.
 Peers (vllm-router, sglang-router, LiteLLM) are measured when installed, skipped with a
 line otherwise.
+
+    .venv/bin/python bench/router.py --burst 5000 [--replicas 4] [--tokens 32]
+
+Burst mode (issue 20): N keep-alive connections opened first, then one streamed chat sent
+on each at the same moment. Prints completed streams, clean refusals (503/429, with
+Retry-After), errors by kind, time to first byte p50/p99 (from the common send), and the
+router's peak RSS and open descriptors (sampled every 50 ms) and its log's ejections.
+`--src DIR` runs the router from another source tree (a `git archive` of an older commit)
+for before/after figures.
 """
 
 from __future__ import annotations
@@ -99,8 +108,12 @@ def run_stub(port: int) -> None:
 
 
 def run_router(port: int, urls: list[str]) -> None:
+    import logging
+
     from llmgw.config.router import RouterConfig, RouterKeysConfig
     from llmgw.router import serve_router
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(message)s")
 
     cfg = RouterConfig(
         server="tcp://127.0.0.1:1",
@@ -226,11 +239,15 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: sorted(r[k] for r in runs)[len(runs) // 2] for k in runs[0]}
 
 
-def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+SRC = ROOT / "src"
+
+
+def spawn(args: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen[bytes]:
     full = dict(os.environ)
     full.update(env or {})
-    full["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + full.get("PYTHONPATH", "")
-    return subprocess.Popen(args, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    full["PYTHONPATH"] = str(SRC) + os.pathsep + full.get("PYTHONPATH", "")
+    err = log.open("wb") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(args, env=full, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def wait_port(port: int, timeout: float = 15.0) -> None:
@@ -250,9 +267,9 @@ def stop(p: subprocess.Popen[bytes]) -> None:
     p.wait()
 
 
-def start_engines(kind: str) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+def start_engines(kind: str, n: int = 2, tps: str = "1000000") -> tuple[list[subprocess.Popen[bytes]], list[int]]:
     procs, ports = [], []
-    for _ in range(2):
+    for _ in range(n):
         port = free_port()
         if kind == "stub":
             args = [sys.executable, __file__, "--stub-engine", str(port)]
@@ -260,7 +277,8 @@ def start_engines(kind: str) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
         else:
             args = [sys.executable, "-m", "llmgw.simengine", "serve", "org/sim", "--host",
                     "127.0.0.1", "--port", str(port), "--served-model-name", "sim"]  # fmt: skip
-            env = {"LLMGW_SIM_TTFT": "0", "LLMGW_SIM_TOKENS_PER_SECOND": "1000000"}
+            env = {"LLMGW_SIM_TTFT": "0", "LLMGW_SIM_TOKENS_PER_SECOND": tps,
+                   "LLMGW_SIM_MAX_RUNNING": "100000"}
         procs.append(spawn(args, env))
         ports.append(port)
     for port in ports:
@@ -294,11 +312,145 @@ def _importable(mod: str) -> bool:
     return importlib.util.find_spec(mod) is not None
 
 
+# ---- burst mode ------------------------------------------------------------------------
+
+
+def proc_figures(pid: int) -> tuple[int, int]:
+    """(RSS KiB, open descriptors) of a process now."""
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def burst_conn(port: int, req: bytes, go: trio.Event, opened: list[int], out: dict[str, Any]) -> None:
+    try:
+        s = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError as exc:
+        out["errors"][f"client connect: {exc.strerror or exc}"] = out["errors"].get(
+            f"client connect: {exc.strerror or exc}", 0) + 1
+        opened.append(0)
+        return
+    opened.append(1)
+    kind = ""
+    async with s:
+        await go.wait()
+        try:
+            await s.send_all(req)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                data = await s.receive_some(65536)
+                if not data:
+                    kind = "closed before the response head"
+                    break
+                buf += data
+            if not kind:
+                head, _, body = buf.partition(b"\r\n\r\n")
+                status = int(head.split()[1])
+                out["ttfb"].append(time.perf_counter() - out["t0"])
+                if status in (429, 503):
+                    out["refused"] += 1
+                    if b"retry-after:" in head.lower():
+                        out["retry_after"] += 1
+                    return
+                if status != 200:
+                    kind = f"HTTP {status}: " + body[:200].decode(errors="replace")
+                else:
+                    while not body.endswith(b"0\r\n\r\n"):
+                        data = await s.receive_some(65536)
+                        if not data:
+                            kind = "cut mid-stream"
+                            break
+                        body += data
+                    if not kind:
+                        if b"data: [DONE]" in body and b'"error"' not in body:
+                            out["completed"] += 1
+                            return
+                        kind = "stream ended with an error event"
+        except (trio.BrokenResourceError, OSError) as exc:
+            kind = f"connection broken: {type(exc).__name__}"
+    out["errors"][kind] = out["errors"].get(kind, 0) + 1
+
+
+def burst(port: int, n: int, tokens: int, pid: int) -> dict[str, Any]:
+    body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": tokens, "stream": True}).encode()
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+           b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    out: dict[str, Any] = {"completed": 0, "refused": 0, "retry_after": 0, "errors": {}, "ttfb": [],
+                           "t0": 0.0, "rss_max": 0, "fds_max": 0}
+
+    async def sample(stop: trio.Event) -> None:
+        while not stop.is_set():
+            rss, fds = proc_figures(pid)
+            out["rss_max"] = max(out["rss_max"], rss)
+            out["fds_max"] = max(out["fds_max"], fds)
+            with trio.move_on_after(0.05):
+                await stop.wait()
+
+    async def main() -> None:
+        go, stop = trio.Event(), trio.Event()
+        opened: list[int] = []
+        out["rss_before"], out["fds_before"] = proc_figures(pid)
+        async with trio.open_nursery() as outer:
+            outer.start_soon(sample, stop)
+            async with trio.open_nursery() as nursery:
+                for _ in range(n):
+                    nursery.start_soon(burst_conn, port, req, go, opened, out)
+                while len(opened) < n:
+                    await trio.sleep(0.05)
+                await trio.sleep(0.5)  # the router has accepted them all
+                out["t0"] = time.perf_counter()
+                go.set()
+            out["wall"] = time.perf_counter() - out["t0"]
+            await trio.sleep(1.0)
+            stop.set()
+        out["rss_after"], out["fds_after"] = proc_figures(pid)
+
+    trio.run(main)
+    return out
+
+
+def run_burst(a: argparse.Namespace) -> None:
+    engines, eports = start_engines("sim", a.replicas, str(a.tokens_per_second))
+    urls = [f"http://127.0.0.1:{p}" for p in eports]
+    rport = free_port()
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{rport}.log"
+    router = spawn([sys.executable, __file__, "--router", str(rport), *urls], log=log)
+    try:
+        wait_port(rport)
+        time.sleep(0.5)
+        for n in a.burst:
+            r = burst(rport, n, a.tokens, router.pid)
+            ttfb = r["ttfb"]
+            errs = sum(r["errors"].values())
+            print(f"burst {n}: completed {r['completed']}, refused {r['refused']} "
+                  f"({r['retry_after']} with Retry-After), errors {errs} {dict(r['errors']) or ''}; "
+                  f"TTFB p50 {pct(ttfb, 0.5) * 1e3:.0f} ms p99 {pct(ttfb, 0.99) * 1e3:.0f} ms; "
+                  f"all done in {r['wall']:.1f} s; router RSS {r['rss_before'] // 1024}"
+                  f"→{r['rss_max'] // 1024}→{r['rss_after'] // 1024} MiB, fds {r['fds_before']}"
+                  f"→{r['fds_max']}→{r['fds_after']}", flush=True)
+            time.sleep(2.0)
+        text = log.read_text(errors="replace")
+        print(f"router log: {text.count('ejected for')} ejections; "
+              + "; ".join(ln for ln in text.splitlines() if "open-file limit" in ln))
+    finally:
+        for p in [router, *engines]:
+            stop(p)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=["sim", "stub"], default="sim")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--repeat", type=int, default=1, help="measure each cell N times, print medians")
+    ap.add_argument("--burst", type=int, nargs="+", help="burst mode: N streams at once (several: in turn)")
+    ap.add_argument("--replicas", type=int, default=4, help="burst mode: engines behind the router")
+    ap.add_argument("--tokens", type=int, default=32, help="burst mode: events per stream")
+    ap.add_argument("--tokens-per-second", type=int, default=100, help="burst mode: engine pace")
+    ap.add_argument("--src", help="run the router from this source tree (before/after figures)")
     ap.add_argument("--stub-engine", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--router", type=int, help=argparse.SUPPRESS)
     ap.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
@@ -307,6 +459,11 @@ def main() -> None:
         return run_stub(a.stub_engine)
     if a.router:
         return run_router(a.router, a.urls)
+    if a.src:
+        global SRC
+        SRC = Path(a.src).resolve()
+    if a.burst:
+        return run_burst(a)
 
     engines, eports = start_engines(a.engine)
     urls = [f"http://127.0.0.1:{p}" for p in eports]
