@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from cattrs.preconf.json import make_converter
@@ -90,7 +91,7 @@ async def test_leader_death_is_not_ready_before_its_session_is_cleaned_up(tmp_pa
     spec = EngineSpec(rid, 1, "dep", "org/plain", "m", EngineKind.SIMULATED, (), free_port(),
                       startup_timeout=30)
 
-    def plan(_: EngineSpec) -> LaunchPlan:
+    def plan(_: EngineSpec, __: Mapping[str, int]) -> LaunchPlan:
         return LaunchPlan((ProcessPlan("engine", (sys.executable, "-c", LEFTOVER)),),
                           health_checked=False)
 

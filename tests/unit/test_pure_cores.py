@@ -33,6 +33,11 @@ PURE = [
     "llmgw.agent.discovery.mountinfo",
     "llmgw.agent.discovery.procnet",
     "llmgw.agent.discovery.engine_meta",
+    "llmgw.agent.discovery.gpu_health",
+    "llmgw.agent.gpu_claims",
+    "llmgw.agent.gpu_release",
+    "llmgw.agent.startup_deadline",
+    "llmgw.model.gpu_need",
 ]
 
 

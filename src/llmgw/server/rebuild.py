@@ -114,7 +114,7 @@ def _index(rid: str, deployment: str) -> int | None:
 def _member(node_id: str, s: EngineSpec, addr: str) -> Member:
     g = s.gang
     return Member(
-        node_id=node_id, rank=g.rank if g else 0, gpus=s.gpus, port=s.port, addr=addr,
+        node_id=node_id, rank=g.rank if g else 0, gpus=s.gpus, port=s.port, port_base=s.port_base, addr=addr,
         rendezvous_port=g.rendezvous_port if g else 0, ray_port=g.ray_port if g else 0,
         ray_port_base=g.ray_port_base if g else 0, hcas=g.hcas if g else (),
     )
