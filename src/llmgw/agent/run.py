@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,13 +18,17 @@ import zmq
 from llmgw import PROTOCOL_VERSION
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.agent.discovery.gpus import load_nvml
+from llmgw.agent.discovery.nvml import read_gpu_memory
+from llmgw.agent.gpu_claims import mark_inventory
+from llmgw.agent.gpu_memory import GpuMemory, from_inventory
 from llmgw.agent.gpu_usage import GpuSampler
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.xid import XidProblems, serve_xid_watch
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineReport
-from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.model.inventory import GpuSource, Inventory, NodeInfo
 from llmgw.transport import dealer
 from llmgw.transport.follow import Follower
 from llmgw.transport.keys import load_pair, load_public
@@ -62,18 +66,49 @@ class Agent:
         self._logged: set[str] = set()
         self._send, self._outbox = trio.open_memory_channel[Message](OUTBOX_SIZE)
         self._rediscover = trio.Event()
-        # An engine whose command does not resolve: look again, so the inventory says so.
-        self.supervisor = Supervisor(config, self._on_report, python=python,
-                                     on_unavailable=lambda: self._rediscover.set())
-        self._engines_stopped = False
         disc = config.discovery
-        # NVML for the per-GPU metrics only where discovery would use it too.
-        sampler = GpuSampler(None if disc.skip_gpus or not disc.prefer_nvml else (nvml or load_nvml()))
+        # NVML for the per-GPU metrics, the Xid watch and the check before each spawn, only
+        # where discovery would use it too.
+        self._nvml = None if disc.skip_gpus or not disc.prefer_nvml else (nvml or load_nvml())
+        # Xid critical errors seen since the agent started: such a GPU needs a reset, so
+        # the problem stays until the agent restarts (after the operator's reset).
+        self.xid = XidProblems()
+        # An engine whose command does not resolve: look again, so the inventory says so.
+        # An engine started or gone, or a GPU released: look again, so that the server sees
+        # the memory and the releasing GPUs as they are now.
+        self.supervisor = Supervisor(config, self._on_report, python=python,
+                                     on_unavailable=lambda: self._rediscover.set(),
+                                     gpu_memory=self._read_gpus, model_size=self._model_size,
+                                     on_gpus_changed=lambda: self._rediscover.set())
+        self._engines_stopped = False
+        sampler = GpuSampler(self._nvml)
         self.metrics = AgentMetrics(
             config.node_id, self.supervisor.reports,
             lambda: (self.supervisor.starts_total, self.supervisor.restarts_total),
             lambda: self.inventory, sampler)
         self.supervisor.on_probe = self.metrics.probed
+
+    def _read_gpus(self) -> Mapping[str, GpuMemory] | None:
+        """What the supervisor checks before a spawn (blocking: it runs this in a thread).
+        NVML's answer now where NVML found the GPUs; otherwise (nvidia-smi, simulated GPUs)
+        the last inventory's, which is the best this node can tell."""
+        if self.inventory.gpu_source is GpuSource.NVML and self._nvml is not None:
+            read = read_gpu_memory(self._nvml)
+            return None if read is None else self.xid.apply_memory(read)
+        return from_inventory(self.inventory)
+
+    def _model_size(self, model: str) -> int:
+        """Bytes of a complete copy of `model` this node sees (0: none or unknown), for the
+        startup deadline's floor."""
+        for m in self.inventory.storage.models:
+            if m.complete and (m.name == model or m.path == model):
+                return m.size
+        return 0
+
+    def _on_xid(self, uuid: str, problem: str) -> None:
+        if self.xid.add(uuid, problem):
+            log.error("GPU %s: %s; no engine is placed on it until the agent restarts", uuid, problem)
+            self._rediscover.set()
 
     def _post(self, msg: Message) -> None:
         # While disconnected nothing is lost by dropping: the next Hello carries it all.
@@ -130,8 +165,13 @@ class Agent:
                 self._post(InventoryChanged(new))
 
     async def _discover(self) -> Inventory:
+        """Discovery, with what only this agent knows: its own engines are not foreign
+        holders of GPU memory, the GPUs its stopped engines have not released yet, and the
+        Xid errors seen since it started."""
         with self.metrics.discovery.time():
-            return await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
+            found = await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
+        own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
+        return mark_inventory(self.xid.apply(found), own, self.supervisor.releasing())
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # A configuration that contradicts the node (a missing HCA) stops us here.
@@ -152,6 +192,10 @@ class Agent:
                 if self.config.metrics_bind:
                     await nursery.start(self.metrics.serve, self.config.metrics_bind)
                 await nursery.start(self.supervisor.serve)
+                # The engines adopted just now are this agent's, not foreign holders.
+                own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
+                self.inventory = mark_inventory(self.inventory, own, self.supervisor.releasing())
+                await nursery.start(serve_xid_watch, self._nvml, self._on_xid)
 
                 servers = Follower(self.config.server)
 
