@@ -22,7 +22,41 @@ def _gpus(n: dict[str, Any]) -> str:
     names = sorted({g["name"] for g in gpus})
     free = sum(g.get("memory_free", 0) for g in gpus) // 1024
     total = sum(g.get("memory_total", 0) for g in gpus) // 1024
-    return f"{len(gpus)}x {'/'.join(names)} {free}/{total}GiB free ({n.get('gpu_source')})"
+    text = f"{len(gpus)}x {'/'.join(names)} {free}/{total}GiB free ({n.get('gpu_source')})"
+    # Not healthy: counted here, named GPU by GPU in `describe node`.
+    states = [g.get("state", "healthy") for g in gpus]
+    odd = [f"{states.count(s)} {s}" for s in ("unhealthy", "releasing", "held") if s in states]
+    return text + (", " + ", ".join(odd) if odd else "")
+
+
+def _clip(text: object, width: int = 60) -> str:
+    """A peer's text on one line, cut to `width`."""
+    s = "".join(c if c.isprintable() else "?" for c in str(text))
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _gib(mib: object) -> str:
+    m = int(mib) if isinstance(mib, int) else 0
+    return f"{m / 1024:.0f} GiB" if m >= 10240 else f"{m / 1024:.1f} GiB"
+
+
+def _gpu_notes(gpus: list[dict[str, Any]]) -> list[str]:
+    """Why each GPU that is not healthy is not: its problems, what holds it, what it
+    waits to release. Every problem is shown; processes up to 5 per GPU."""
+    lines = []
+    for g in gpus:
+        i = g.get("index", "?")
+        for p in g.get("problems") or []:
+            lines.append(f"  GPU {i} unhealthy: {_clip(p, 100)}")
+        if g.get("releasing"):
+            lines.append(f"  GPU {i} releasing: {_clip(g['releasing'], 100)}")
+        procs = g.get("processes") or []
+        for p in procs[:5]:
+            mem = f", {_gib(p.get('memory'))}" if p.get("memory") else ""
+            lines.append(f"  GPU {i} held by pid {p.get('pid', '?')} ({_clip(p.get('command', ''))}){mem}")
+        if len(procs) > 5:
+            lines.append(f"  GPU {i} held by {len(procs) - 5} more processes")
+    return lines
 
 
 def _storage(n: dict[str, Any]) -> str:
@@ -179,12 +213,13 @@ def _describe_node(n: dict[str, Any]) -> str:
              f"Storage:   {_storage(n)}", "", f"GPUs: {_gpus(n)}"]
     gpus = n.get("gpus") or []
     if gpus:
-        lines.append(table(["INDEX", "NAME", "MEMORY FREE/TOTAL", "NUMA", "NVLINK PEERS"], [
-            [g.get("index", ""), g.get("name", ""),
+        lines.append(table(["INDEX", "NAME", "STATE", "MEMORY FREE/TOTAL", "NUMA", "NVLINK PEERS"], [
+            [g.get("index", ""), g.get("name", ""), g.get("state", "healthy"),
              f"{g.get('memory_free', 0) // 1024}/{g.get('memory_total', 0) // 1024}GiB",
              g.get("numa_node", ""),
              ",".join(str(p) for p in sorted((g.get("nvlink_peers") or {}).keys())) or "-"]
             for g in gpus]))
+        lines += _gpu_notes(gpus)
     for w in n.get("warnings", []):
         lines.append(f"warning: {w}")
     lines += ["", "Replicas:"]

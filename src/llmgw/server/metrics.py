@@ -19,7 +19,9 @@ from prometheus_client.process_collector import ProcessCollector
 
 from llmgw import __version__
 from llmgw.model.deployment import Replica, ReplicaState
+from llmgw.model.inventory import Inventory
 from llmgw.model.node import NodeState
+from llmgw.server.status import GPU_STATES, gpu_state
 
 if TYPE_CHECKING:
     from llmgw.server.orchestrator import Orchestrator
@@ -57,6 +59,9 @@ class ServerMetrics:
         self.orchestrator: Orchestrator | None = None
         self.sent: Callable[[], Counter[str]] = Counter
         self.send_dropped: Callable[[], int] = lambda: 0
+        # Node id -> (the inventory last counted, its GPUs by state): a scrape recounts
+        # only the nodes whose inventory object changed.
+        self.gpu_counts: dict[str, tuple[Inventory, Counter[str]]] = {}
         self.registry.register(_Collector(self))
         ProcessCollector(registry=self.registry)
 
@@ -70,6 +75,23 @@ class ServerMetrics:
         if placed:
             self.placed += placed
             self.placement.observe(seconds)
+
+    def gpus_by_state(self, o: Orchestrator) -> Counter[str]:
+        """GPUs on nodes not lost, by gpu_state (unhealthy, releasing, held, healthy)."""
+        total: Counter[str] = Counter()
+        seen = self.gpu_counts
+        live = set()
+        for nid, n in o.cp.nodes.items():
+            if n.state == NodeState.LOST:
+                continue
+            live.add(nid)
+            hit = seen.get(nid)
+            if hit is None or hit[0] is not n.inventory:
+                hit = seen[nid] = (n.inventory, Counter(gpu_state(g) for g in n.inventory.gpus))
+            total.update(hit[1])
+        for nid in [nid for nid in seen if nid not in live]:
+            del seen[nid]
+        return total
 
     def zap_denied(self, reason: str) -> None:
         self.zap_denials[reason] += 1
@@ -143,6 +165,11 @@ class _Collector:
                                     "Replicas each deployment asks for", labels=["deployment"])
         unschedulable = GaugeMetricFamily("llmgw_server_replicas_unschedulable",
                                           "Replicas waiting for room (pending, with a reason)")
+        gpus = GaugeMetricFamily(
+            "llmgw_server_gpus",
+            "GPUs on nodes not lost, by state: unhealthy (a problem: never placed, replicas "
+            "move off), releasing (an engine's memory not back), held (other processes on "
+            "it), healthy", labels=["state"])
         holding = GaugeMetricFamily("llmgw_server_mass_loss_hold",
                                     "1 while the mass-loss guard holds re-placement, else 0")
         received = CounterMetricFamily("llmgw_server_messages_received",
@@ -178,6 +205,9 @@ class _Collector:
                     replicas.add_metric([name, str(state)], per[name].get(state, 0))
             for name, d in sorted(o.deployments.items()):
                 desired.add_metric([name], d.replicas)
+            by_gpu = self.m.gpus_by_state(o)
+            for gs in GPU_STATES:
+                gpus.add_metric([gs], by_gpu.get(gs, 0))
             unschedulable.add_metric([], len(o.pending))
             holding.add_metric([], 1 if o.holding else 0)
             for kind, n in sorted(cp.received.items()):
@@ -193,5 +223,5 @@ class _Collector:
             for reason, n in sorted(self.m.zap_denials.items()):
                 zap.add_metric([reason], n)
             placed.add_metric([], self.m.placed)
-        yield from (nodes, cordoned, draining, connected, replicas, desired, unschedulable, holding,
+        yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed)

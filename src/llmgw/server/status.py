@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
-from llmgw.model.inventory import Inventory, StorageReport
+from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.fabrics import fabric_view, islands
 from llmgw.server.store import plain
@@ -30,11 +30,30 @@ def _storage(s: StorageReport) -> dict[str, Any]:
     }
 
 
+GPU_STATES = ("healthy", "unhealthy", "releasing", "held")
+
+
+def gpu_state(g: Gpu) -> str:
+    """One word per GPU, the first that holds: "unhealthy" (problems: never placed, its
+    replicas move), "releasing" (an engine's memory not back yet: never placed), "held"
+    (other processes on it: placed only where enough memory is free), "healthy"."""
+    if g.problems:
+        return "unhealthy"
+    if g.releasing:
+        return "releasing"
+    if g.processes:
+        return "held"
+    return "healthy"
+
+
 def _gpus(inv: Inventory) -> list[dict[str, Any]]:
     return [
         {"uuid": g.uuid, "index": g.index, "name": g.name, "memory_total": g.memory_total,
          "memory_free": g.memory_free, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node,
-         "nvlink_peers": dict(g.nvlink_peers)}
+         "nvlink_peers": dict(g.nvlink_peers), "state": gpu_state(g),
+         "problems": list(g.problems), "releasing": g.releasing,
+         "processes": [{"pid": p.pid, "command": p.command, "memory": p.memory}
+                       for p in g.processes]}
         for g in inv.gpus
     ]
 

@@ -67,14 +67,30 @@ function nvlinkGroups(gpus) {
   return groups;
 }
 
+// Why a GPU is not healthy: every problem, what it waits to release, the processes that
+// hold it (pid, command, memory). Text only; set with textContent like the rest.
+function gpuNotes(g) {
+  const out = [];
+  for (const p of g.problems || []) out.push("unhealthy: " + p);
+  if (g.releasing) out.push("releasing: " + g.releasing);
+  for (const p of g.processes || []) {
+    out.push(`held by pid ${p.pid} (${p.command})` + (p.memory ? `, ${mib(p.memory)}` : ""));
+  }
+  return out;
+}
+
 function nodeRow(n) {
   const sched = [n.cordoned ? "cordoned" : "schedulable"];
   if (n.draining) sched.push("draining");
   if (!n.connected) sched.push("not connected");
   const gpus = el("td", {"data-field": "gpus"});
   for (const g of n.gpus || []) {
-    gpus.append(el("span", {class: "gpu mono"},
-      `${g.index}: ${g.name} (${mib(g.memory_free)} free of ${mib(g.memory_total)})`));
+    const state = String(g.state || "healthy");
+    const line = el("span", {class: "gpu mono gpu-" + state.replace(/[^a-z]/g, ""), "data-gpu-state": state},
+      `${g.index}: ${g.name} (${mib(g.memory_free)} free of ${mib(g.memory_total)})`);
+    if (state !== "healthy") line.append(" ", stateBadge(state));
+    gpus.append(line);
+    for (const why of gpuNotes(g)) gpus.append(el("span", {class: "gpu-why muted", "data-field": "gpu-why"}, why));
   }
   if (!(n.gpus || []).length) gpus.append(el("span", {class: "muted"}, "none"));
   const groups = nvlinkGroups(n.gpus || []);
