@@ -69,6 +69,9 @@ def test_the_page_follows_the_cluster(tmp_path: Path, browser: Browser) -> None:
         # GPUs with their NVLink groups: the HGX board is one group of eight.
         assert "{0,1,2,3,4,5,6,7}" in seen["gpu-a"]["text"], seen["gpu-a"]["text"]
         assert "llmgw simulated GPU" in seen["gpu-b"]["text"]
+        # Healthy GPUs carry no state badge and no notes (unhealthy, held, releasing).
+        for nid in ("gpu-a", "gpu-b"):
+            assert not any(w in seen[nid]["text"] for w in ("unhealthy", "held by pid", "releasing")), seen[nid]
         wait_for(lambda: replicas().get("chat-0", {}).get("state") == "ready", 40, "chat-0 ready on the page")
         row = replicas()["chat-0"]["text"]
         endpoint = c.status()["replicas"][0]["endpoint"]
