@@ -1,17 +1,20 @@
 """PostgreSQL's own behaviour: migrations of servers starting together, a newer schema,
-the lease row, fencing by epoch, and a database restart under an open store."""
+the lease row, fencing by epoch (a takeover that never waits on the old leader, the old
+epoch's sessions ended, timeouts below the lease), and a database restart under an open
+store."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import psycopg
 import pytest
 
 from fakes.postgres import PgServer
 from llmgw.server.store import SCHEMA_VERSION, FencedError, StoredEvent, StoreError
-from llmgw.server.store_pg import PgStore, redact
+from llmgw.server.store_pg import PgStore, epoch_tag, redact
 
 
 def test_servers_starting_together_migrate_once(pg_url: str) -> None:
@@ -100,37 +103,100 @@ def test_writes_of_a_superseded_leader_are_refused(pg_url: str) -> None:
             c.close()
 
 
-def test_a_takeover_waits_for_a_write_under_way(pg_url: str) -> None:
-    """The fence check locks the lease row: a takeover cannot slip between the check and
-    the commit of the old leader's write."""
+def test_a_takeover_never_waits_for_a_write_under_way(pg_url: str) -> None:
+    """Issue 19: the old leader is stuck inside a write transaction (frozen, cut off). The
+    takeover goes through at once once the lease has run out, ends the old epoch's session
+    (its transaction rolled back), and the old write, resumed, is refused by the fence."""
     old = PgStore(pg_url)
     la, lb = old.lease_connection(), old.lease_connection()
     try:
         e1 = la.acquire("old", "tcp://old:1", 1.0)
         assert e1 is not None
         old.fence = (e1, "old")
-        took: list[float] = []
-        started = threading.Event()
+        started, resume = threading.Event(), threading.Event()
+        outcome: list[BaseException | None] = []
 
-        def slow_write(tx: object) -> None:
+        def stuck_write(tx: Any) -> None:
+            tx.run("INSERT INTO events (ts, deployment, replica, text) VALUES (?, ?, ?, ?)",
+                   (1.0, "d", "", "written by a frozen leader"))
             started.set()
-            time.sleep(1.5)  # the lease runs out meanwhile
+            resume.wait(10)  # frozen, inside the transaction, past its lease
+            tx.run("INSERT INTO events (ts, deployment, replica, text) VALUES (?, ?, ?, ?)",
+                   (2.0, "d", "", "after waking"))
 
-        def takeover() -> None:
-            started.wait(5)
-            while lb.acquire("new", "tcp://new:1", 10.0) is None:
-                time.sleep(0.05)
-            took.append(time.monotonic())
+        def old_leader() -> None:
+            try:
+                old._tx(stuck_write)
+                outcome.append(None)
+            except BaseException as exc:  # looked at below
+                outcome.append(exc)
 
-        t = threading.Thread(target=takeover)
+        t = threading.Thread(target=old_leader)
         t.start()
-        old._tx(slow_write)  # type: ignore[arg-type]
-        done = time.monotonic()
+        assert started.wait(5)
+        t0 = time.monotonic()
+        while (e2 := lb.acquire("new", "tcp://new:1", 10.0)) is None:
+            assert time.monotonic() - t0 < 3, "the takeover waited for the old leader's write"
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert e2 == e1 + 1 and took < 1.5, took  # the lease's 1 s, never the write
+        assert lb.end_term(e1, 2.0) == 1  # the frozen leader's session, ended
+        resume.set()
         t.join(10)
-        assert took and took[0] >= done - 0.05
+        assert len(outcome) == 1 and isinstance(outcome[0], FencedError), outcome
+        assert "ended by the server that took over" in str(outcome[0])
+        assert old.fenced and f"epoch {e2}" in old.fenced_why
+        assert old.events() == []  # rolled back: nothing of the old term's write is left
+        lb.end_term(e1, 1.0)  # again: no session of epoch 1 is in a transaction
     finally:
         for c in (la, lb, old):
             c.close()
+
+
+def test_sessions_end_themselves_below_the_lease(pg_url: str) -> None:
+    """A leader that stops inside a transaction loses it to the database's own timeouts
+    (half the lease) before the lease can pass: nothing it holds outlives its lease."""
+    with PgStore(pg_url, lease=2.0) as store:
+        rows = store._read("SELECT current_setting('statement_timeout'), "
+                           "current_setting('idle_in_transaction_session_timeout')")
+        assert rows == [("1s", "1s")]
+        lease = store.lease_connection()
+        try:
+            assert lease._db.call(lambda c: c.execute(
+                "SELECT current_setting('idle_in_transaction_session_timeout')").fetchone()) == ("1s",)
+        finally:
+            lease.close()
+
+        def idle_in_transaction(tx: Any) -> None:
+            tx.run("INSERT INTO meta (key, value) VALUES ('k', 'v')")
+            time.sleep(1.5)
+            tx.run("SELECT 1")
+
+        with pytest.raises(StoreError):
+            store._tx(idle_in_transaction)
+        assert store._read("SELECT value FROM meta WHERE key = 'k'") == []
+
+
+def test_writing_sessions_carry_their_epoch(pg_url: str) -> None:
+    with PgStore(pg_url) as store, psycopg.connect(pg_url, autocommit=True) as watch:
+        def names() -> list[str]:
+            return [r[0] for r in watch.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE 'llmgw%' "
+                "AND pid <> pg_backend_pid()").fetchall()]
+
+        lease = store.lease_connection()
+        epoch = lease.acquire("holder-of-one", "tcp://a:1", 10.0)
+        assert epoch == 1
+        store.fence = (epoch, "holder-of-one")
+        store.add_events([StoredEvent(1.0, "d", "", "x")])
+        assert sorted(names()) == [f"{epoch_tag(1)}holder-of-one", "llmgw lease"]
+        lease.close()
+        store.fence = None
+        store.events()
+        wait_until = time.monotonic() + 5  # the closed lease session may linger a moment
+        while "llmgw lease" in names() and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        assert names() == ["llmgw standby"]
 
 
 def test_database_restart_fails_one_call_then_reconnects(pg_server: PgServer) -> None:

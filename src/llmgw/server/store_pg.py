@@ -1,24 +1,39 @@
 """The state on PostgreSQL (psycopg 3): the queries of store.SqlStore, the lease of
-leader.py, and fencing.
+ha.py, and fencing.
 
 Synchronous connections, called through `trio.to_thread.run_sync` like the SQLite store:
 psycopg's async API needs asyncio, and one round trip costs about what SQLite's fsync
 does. Two connections per server: one for the state, one for the lease alone, so that a
 renewal never waits behind a pass's writes.
 
-Fencing: once `fence` is set (by the leader shell, to the epoch it won), every write
-transaction first locks the lease row FOR SHARE and checks that the epoch is still this
-server's and the lease has not run out, by the database's clock. A takeover updates that
-row, so it waits for a write already under way to commit, and every write after it sees
-the new epoch and is refused (FencedError): a paused or partitioned old leader can never
-overwrite its successor's state.
+Fencing takes no lock that a takeover could wait on (issue 19: a leader frozen inside a
+write held the lease row FOR SHARE, and every standby's takeover waited for it for as long
+as it was frozen). Instead:
+
+- every write transaction first *reads* the lease row (a plain read: no row lock) and is
+  refused (FencedError) unless the epoch is still this server's and the lease has not run
+  out, by the database's clock;
+- the session that writes carries its epoch in `application_name` ("llmgw e<epoch> …");
+- the takeover is one UPDATE of the lease row that waits on nothing, and the new leader
+  then ends every session that carries the old epoch (`pg_terminate_backend`, which rolls
+  back the transaction it holds) and starts its term only once none is left
+  (`PgLease.end_term`). A write of the old leader is therefore either committed before
+  the new term reads the state, or rolled back; any later one reads the new epoch and is
+  refused;
+- every connection has `statement_timeout` and `idle_in_transaction_session_timeout`
+  below the lease, so even where a session cannot be terminated (another role without
+  pg_signal_backend) nothing the old leader holds outlives its lease.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,12 +45,30 @@ from llmgw.server.store import FencedError, SqlStore, StoreError, Tx
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 # The database's clock in seconds: leases are judged by it alone, so the servers' own
 # clocks never need to agree. clock_timestamp(), not now(): now() is the start of the
 # transaction.
 DB_NOW = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
 # pg_advisory_xact_lock key that serializes migrations of servers starting together.
 _MIGRATE_LOCK = 0x6C6C6D6777  # "llmgw"
+# A test hook (tests/integration/test_frozen_leader.py): a file whose text is an SQL
+# prefix; the first statement that starts with it, inside a fenced transaction, stops this
+# process (SIGSTOP) before it runs, as a frozen VM would stop it. The file is removed first.
+FREEZE_ENV = "LLMGW_TEST_FREEZE_IN_TX"
+
+
+def session_timeout_ms(lease: float) -> int:
+    """statement_timeout and idle_in_transaction_session_timeout of every connection: half
+    the lease, so that whatever a frozen or cut-off leader holds is ended by the database
+    before its lease can pass to another server."""
+    return int(max(lease / 2, 0.25) * 1000)
+
+
+def epoch_tag(epoch: int) -> str:
+    """The start of `application_name` of the sessions that write under `epoch`."""
+    return f"llmgw e{epoch} "
 
 
 def redact(url: str) -> str:
@@ -50,18 +83,37 @@ def _q(sql: str) -> str:
 
 
 class _PgTx:
-    def __init__(self, cur: psycopg.Cursor[Any]) -> None:
+    def __init__(self, cur: psycopg.Cursor[Any], freeze: str = "") -> None:
         self.cur = cur
+        self.freeze = freeze
+
+    def _hook(self, sql: str) -> None:
+        try:
+            with open(self.freeze) as f:
+                prefix = f.read().strip()
+            if not sql.startswith(prefix):
+                return
+            os.unlink(self.freeze)
+        except OSError:
+            return  # no hook armed (the usual case in a test that sets the variable)
+        log.warning("test hook: stopping inside a fenced transaction before %s", sql[:60])
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def run(self, sql: str, args: Sequence[Any] = ()) -> int:
+        if self.freeze:
+            self._hook(sql)
         self.cur.execute(_q(sql), tuple(args))
         return self.cur.rowcount
 
     def rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        if self.freeze:
+            self._hook(sql)
         self.cur.execute(_q(sql), tuple(args))
         return self.cur.fetchall()
 
     def many(self, sql: str, seq: Sequence[Sequence[Any]]) -> None:
+        if self.freeze:
+            self._hook(sql)
         self.cur.executemany(_q(sql), seq)
 
 
@@ -71,16 +123,21 @@ class _Conn:
     reconnects."""
 
     def __init__(self, url: str, password: str | None, connect_timeout: float,
-                 lease: float) -> None:
+                 lease: float, app_name: str = "llmgw") -> None:
         self.url = url
         self.where = redact(url)
+        ms = session_timeout_ms(lease)
         self.kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(1, round(connect_timeout)),
             # A partitioned database must not hang a thread for TCP's fifteen minutes.
             "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-            "options": f"-c statement_timeout={int(max(lease, 2.0) * 1000)}",
+            "options": f"-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms}",
         }
+        # What pg_stat_activity shows for this session; set again (one statement) before the
+        # next call whenever it changes, so a new term's writes carry the new epoch.
+        self.app_name = app_name
+        self._applied = ""
         if password is not None:
             self.kwargs["password"] = password
         if not url.startswith(("postgresql:///", "postgres:///")) and "host=/" not in url:
@@ -91,8 +148,35 @@ class _Conn:
     def get(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
             self.drop()
-            self.conn = psycopg.connect(self.url, **self.kwargs)
+            name = self.app_name
+            self.conn = psycopg.connect(self.url, application_name=name[:63], **self.kwargs)
+            self._applied = name
+        if self._applied != self.app_name:
+            name = self.app_name
+            self.conn.execute("SELECT set_config('application_name', %s, false)", (name[:63],))
+            self._applied = name
         return self.conn
+
+    def abort(self) -> None:
+        """Shut the connection's socket down under whatever thread is blocked on it (no
+        lock: that thread holds it), so that the call returns at once with an error. For a
+        leader stepping down: a write sent into a silent network (every packet lost, the
+        connection open) would otherwise wait for the database that will never answer."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        try:
+            fd = os.dup(conn.fileno())
+        except (OSError, psycopg.Error) as exc:
+            log.debug("no socket to shut down: %s", exc)
+            return
+        s = socket.socket(fileno=fd)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError as exc:  # not connected any more: nothing is blocked on it
+            log.debug("shutdown of the database socket: %s", exc)
+        finally:
+            s.close()
 
     def drop(self) -> None:
         if self.conn is not None:
@@ -148,14 +232,32 @@ class PgStore(SqlStore):
         self._db = _Conn(url, password, connect_timeout, lease)
         self.where = self._db.where
         self.url, self.password, self.connect_timeout, self.lease = url, password, connect_timeout, lease
-        # (epoch, holder) this server leads with; None: writes are not fenced (tests, tools).
-        self.fence: tuple[int, str] | None = None
+        self._fence: tuple[int, str] | None = None
         self.fenced = False  # a write was refused by the epoch check: step down
+        self.fenced_why = ""  # that refusal, in words
+        self.fenced_leader = ""  # the address the lease row named then, if it was live
+        self._freeze = os.environ.get(FREEZE_ENV, "")
         try:
             self._db.call(self._migrate)
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def fence(self) -> tuple[int, str] | None:
+        """(epoch, holder) this server leads with; None: writes are not fenced (a standby,
+        tests, tools). Setting it tags this store's session with the epoch."""
+        return self._fence
+
+    @fence.setter
+    def fence(self, value: tuple[int, str] | None) -> None:
+        self._fence = value
+        self._db.app_name = (f"{epoch_tag(value[0])}{value[1][:16]}" if value is not None
+                             else "llmgw standby")
+
+    def abort(self) -> None:
+        """The term is over: a call blocked on the database returns now, with an error."""
+        self._db.abort()
 
     @classmethod
     def from_config(cls, cfg: StoreConfig) -> PgStore:
@@ -164,7 +266,8 @@ class PgStore(SqlStore):
 
     def lease_connection(self) -> PgLease:
         """A second connection to the same database, for the lease alone."""
-        return PgLease(_Conn(self.url, self.password, self.connect_timeout, self.lease))
+        return PgLease(_Conn(self.url, self.password, self.connect_timeout, self.lease,
+                             "llmgw lease"))
 
     def close(self) -> None:
         self._db.close()
@@ -192,20 +295,43 @@ class PgStore(SqlStore):
             with conn.transaction(), conn.cursor() as cur:
                 if fence is not None:
                     self._check_fence(cur, fence)
-                return fn(_PgTx(cur))
+                return fn(_PgTx(cur, self._freeze if fence is not None else ""))
 
-        return self._db.call(run)
+        try:
+            return self._db.call(run)
+        except FencedError as exc:
+            log.warning("%s", exc)
+            raise
+        except StoreError:
+            if fence is None or self._db.conn is not None:
+                raise
+            # The connection broke under a fenced write: most likely the server that took
+            # over ended this session. Say so if the lease row agrees (one more round trip).
+            try:
+                self._db.call(lambda conn: self._check_fence(conn.cursor(), fence))
+            except FencedError as exc:
+                refused = FencedError(f"{exc} (its transaction was ended by the server that "
+                                      "took over, and rolled back)")
+                self.fenced_why = str(refused)
+                log.warning("%s", refused)
+                raise refused from None
+            except StoreError as again:
+                log.debug("the fence could not be checked again: %s", again)
+            raise
 
     def _check_fence(self, cur: psycopg.Cursor[Any], fence: tuple[int, str]) -> None:
-        cur.execute(f"SELECT epoch, holder, expires > {DB_NOW} FROM leader WHERE id = 1 FOR SHARE")
+        # A plain read, no FOR SHARE: a takeover must never wait for this transaction
+        # (the module's docstring says what makes that safe).
+        cur.execute(f"SELECT epoch, holder, address, expires > {DB_NOW} FROM leader WHERE id = 1")
         row = cur.fetchone()
-        if row is None or (int(row[0]), str(row[1])) != fence or not row[2]:
+        if row is None or (int(row[0]), str(row[1])) != fence or not row[3]:
             self.fenced = True
+            self.fenced_leader = str(row[2]) if row is not None and row[3] else ""
             now = f"epoch {row[0]}" if row is not None else "no lease row"
-            raise FencedError(
+            self.fenced_why = (
                 f"{self.where}: write refused: this server led with epoch {fence[0]}, "
-                f"the lease now says {now}{'' if row is None or row[2] else ' (expired)'}"
-            )
+                f"the lease now says {now}{'' if row is None or row[3] else ' (expired)'}")
+            raise FencedError(self.fenced_why)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._db.call(lambda conn: conn.execute(_q(sql), tuple(args)).fetchall())
@@ -238,6 +364,40 @@ class PgLease:
                 f"UPDATE leader SET expires = {DB_NOW} + %s WHERE id = 1 AND epoch = %s "
                 f"AND holder = %s AND expires > {DB_NOW}", (ttl, epoch, holder))
             return cur.rowcount == 1
+        return self._db.call(run)
+
+    def end_term(self, epoch: int, wait: float) -> int:
+        """End every session that wrote (or may still write) under `epoch`, the term just
+        taken over, and return once none of them is inside a transaction: how many were
+        ended. Their open transactions are rolled back, so the new term reads a state that
+        nothing of the old one can change any more. StoreError if one is still in a
+        transaction after `wait` seconds (not allowed to end it, and its timeouts have not
+        fired yet): the new term must not start."""
+        like = epoch_tag(epoch) + "%"
+
+        def run(conn: psycopg.Connection[Any]) -> int:
+            pids = [int(r[0]) for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s "
+                "AND pid <> pg_backend_pid()", (like,)).fetchall()]
+            ended = 0
+            for pid in pids:
+                try:
+                    ended += bool(conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0])  # type: ignore[index]
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    # Another role: its idle_in_transaction_session_timeout ends it instead.
+                    log.warning("cannot end session %d of epoch %d: %s", pid, epoch, _first_line(exc))
+            until = time.monotonic() + wait
+            while True:
+                left = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s "
+                    "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL", (like,)).fetchone()
+                if left is None or int(left[0]) == 0:
+                    return ended
+                if time.monotonic() >= until:
+                    raise StoreError(f"{self._db.where}: {int(left[0])} session(s) of epoch {epoch} "
+                                     f"still in a transaction after {wait:g}s")
+                time.sleep(0.02)
+
         return self._db.call(run)
 
     def release(self, epoch: int, holder: str) -> None:
