@@ -34,10 +34,10 @@ class HACluster(Cluster):
         self.servers: dict[int, Proc] = {}
         self._runs = 0
 
-    def start_server(self, i: int = 0) -> Proc:  # type: ignore[override]
+    def start_server(self, i: int = 0, env: dict[str, str] | None = None) -> Proc:  # type: ignore[override]
         self._runs += 1
         p = Proc([*LLMGW, "server", "--config", str(self.tomls[i])],
-                 self.root / f"server-{i}.run{self._runs}.log")
+                 self.root / f"server-{i}.run{self._runs}.log", env=env)
         self.procs.append(p)
         self.servers[i] = p
         wait_for(lambda: "standby on" in p.text() or "listening on" in p.text() or p.p.poll() is not None,

@@ -1,6 +1,7 @@
 """A TCP relay between a process and a server that a test can partition: while `drop`
 is set, bytes are read and thrown away in both directions and the connections stay open,
-as when a network path loses every packet (no RST, no FIN). Threads in the test process;
+as when a network path loses every packet (no RST, no FIN): one side closing during the
+partition is not passed on either (the other side's socket stays open and silent). Threads in the test process;
 `close` ends them and every socket."""
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class TcpProxy:
                 dst.sendall(data)
             except OSError:
                 break
+        if self.drop.is_set():
+            return  # a FIN or RST lost in the partition: `close` ends both sockets
         for s in (src, dst):
             try:
                 s.shutdown(socket.SHUT_RDWR)

@@ -9,13 +9,20 @@ the database's: the leader renews every lease/3 and counts its lease from the mo
 margin, so it steps down locally while the row still says it leads; a standby takes over
 only once the row has expired by the database's clock. Every write checks the epoch in
 its own transaction (store_pg.py), so even a leader paused past its lease (SIGSTOP, a
-long GC, a VM migration) cannot overwrite its successor when it wakes.
+long GC, a VM migration) cannot overwrite its successor when it wakes. The check takes
+no lock: a takeover waits on nothing the old leader holds; the new leader ends the old
+epoch's sessions (rolling back what they had open) before its term starts.
+
+The lease is renewed on a connection of its own, through threads of its own (a trio
+CapacityLimiter apart from the one the store's calls share), so a leader busy writing
+does not lose its term waiting for a thread.
 
 A term: won the lease -> `serve_server` on the shared, fenced store, with a fresh control
 plane loaded from the database -> lost it (lease not renewed in time, a write refused, the
 database gone under a pass) -> the term is cancelled, nothing in memory survives it, and
 the server is a standby again. A standby binds the same address and answers every message
-with NotLeader naming the leader, so agents, routers and ctl move there (follow.py).
+with NotLeader naming the leader (never itself), so agents, routers and ctl move there
+(follow.py). A leader stepping down answers the requests it had taken with NotLeader too.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +69,30 @@ class LeaseKeeper:
         self.holder = uuid.uuid4().hex  # this process, this run
         self.address = address
         self.ttl = ttl
-        self.leader = ""  # the leader's address as last read ("" unknown, or none)
+        self.leader = ""  # the leader's address as last read ("" unknown, none, or this one)
         self._throttle = Throttle()
+        # Threads of its own: the store's calls (trio's default limiter, 40 threads) can all
+        # be waiting for the database at once, and a renewal must not queue behind them.
+        self._limiter = trio.CapacityLimiter(4)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True,
+                                             limiter=self._limiter)
+
+    def other(self, address: str, holder: str, live: bool) -> str:
+        """The leader to name to others: a live row's address, unless the row is ours (a
+        server that stepped down early, on its own clock, while the row still names it)."""
+        return address if live and holder != self.holder and address != self.address else ""
+
+    async def learn_leader(self, timeout: float = 0.5) -> None:
+        """Read who leads now, briefly (a server stepping down names its successor)."""
+        self.leader = ""
+        with trio.move_on_after(timeout):
+            try:
+                _epoch, holder, address, live = await self._call(self.lease.current)
+                self.leader = self.other(address, holder, live)
+            except StoreError as exc:
+                log.info("cannot tell who leads now: %s", exc)
 
     async def elected(self) -> tuple[int, float]:
         """Wait until this server holds the lease: (epoch, monotonic time it is valid until)."""
@@ -74,34 +101,70 @@ class LeaseKeeper:
             try:
                 epoch = await self._call(self.lease.acquire, self.holder, self.address, self.ttl)
                 if epoch is not None:
-                    self.leader = self.address
-                    return epoch, sent + self.ttl * (1 - MARGIN)
-                _epoch, _holder, address, live = await self._call(self.lease.current)
-                self.leader = address if live else ""
+                    if await self._end_old_term(epoch):
+                        self.leader = ""
+                        return epoch, sent + self.ttl * (1 - MARGIN)
+                else:
+                    _epoch, holder, address, live = await self._call(self.lease.current)
+                    self.leader = self.other(address, holder, live)
             except StoreError as exc:
                 self.leader = ""
                 self._throttle.log(log, logging.WARNING, "db", "standby: cannot reach the database: %s",
                                    exc)
             await trio.sleep(min(1.0, self.ttl / 4))
 
+    async def _end_old_term(self, epoch: int) -> bool:
+        """Won `epoch`: end the sessions of the term before it, so that nothing the old
+        leader holds (a frozen process inside a write) outlives this takeover. False (the
+        lease given back) when that cannot be done in time."""
+        sent = trio.current_time()
+        try:
+            ended = await self._call(self.lease.end_term, epoch - 1, self.ttl / 2)
+        except StoreError as exc:
+            log.warning("won epoch %d but the sessions of epoch %d are still open: %s; "
+                        "giving the lease back", epoch, epoch - 1, exc)
+            await self.release(epoch)
+            return False
+        if ended:
+            log.warning("ended %d database session(s) of epoch %d (%.2fs)", ended, epoch - 1,
+                        trio.current_time() - sent)
+        return True
+
     async def hold(self, epoch: int, valid_until: float) -> str:
         """Renew until the lease is lost; returns why. The cancel scope's deadline is the
         lease as this server counts it: a renewal that hangs cannot stretch it."""
-        why = "the lease ran out before it could be renewed"
+        renewed = trio.current_time()
+        last_error = ""
+        in_flight: float | None = None
         with trio.CancelScope(deadline=valid_until) as scope:
             while True:
                 await trio.sleep(self.ttl / 3)
-                sent = trio.current_time()
+                sent = in_flight = trio.current_time()
                 try:
                     ok = await self._call(self.lease.renew, epoch, self.holder, self.ttl)
                 except StoreError as exc:
+                    last_error = str(exc)
                     log.warning("cannot renew the leader lease: %s", exc)
                     continue
+                finally:
+                    in_flight = None
                 if not ok:
-                    why = "the lease is no longer ours (another server leads)"
-                    break
+                    return "the lease is no longer ours (another server leads)"
+                renewed, last_error = sent, ""
                 scope.deadline = sent + self.ttl * (1 - MARGIN)
-        return why
+        now = trio.current_time()
+        if in_flight is not None:
+            detail = f"a renewal sent {now - in_flight:.1f}s ago has had no answer"
+        elif last_error:
+            detail = f"the last renewal failed: {last_error}"
+        else:
+            detail = "no renewal could run: this process was paused or starved"
+        return (f"the lease ran out before it could be renewed (last renewed {now - renewed:.1f}s "
+                f"ago; {detail})")
+
+    def named(self) -> str:
+        """The leader's address for NotLeader: never this server's own."""
+        return self.leader if self.leader != self.address else ""
 
     async def release(self, epoch: int) -> None:
         with trio.move_on_after(2):
@@ -132,7 +195,8 @@ async def serve_standby(config: ServerConfig, keeper: LeaseKeeper, *,
             sock.zap_domain = b"llmgw"
             await bind_retrying(sock, config.bind)
             t = ServerTransport(TrioSocket(sock))
-            log.info("standby on %s; the leader is %s", config.bind, keeper.leader or "not known yet")
+            log.info("standby on %s; the leader is %s", config.bind,
+                     keeper.named() or "not known yet")
             task_status.started(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             while True:
                 batch = await t.recv_batch()
@@ -144,7 +208,7 @@ async def serve_standby(config: ServerConfig, keeper: LeaseKeeper, *,
                     except ProtocolError:
                         continue
                     request_id = msg.request_id if isinstance(msg, Request) else ""
-                    out.append((rid, NotLeader(keeper.leader, request_id)))
+                    out.append((rid, NotLeader(keeper.named(), request_id)))
                 t.send_all(out)
     finally:
         if sock is not None:
@@ -184,6 +248,8 @@ async def serve_replicated(config: ServerConfig, *,
             log.warning("leading with epoch %d (lease %gs)", epoch, keeper.ttl)
             why = await _term(config, store, keeper, epoch, valid_until)
             log.warning("stepped down from epoch %d: %s; standby now", epoch, why)
+            if not keeper.leader:
+                await keeper.learn_leader()
     finally:
         with trio.CancelScope(shield=True):
             if store.fence is not None:
@@ -192,29 +258,52 @@ async def serve_replicated(config: ServerConfig, *,
         store.close()
 
 
+def reason(exc: BaseException) -> str:
+    """What happened, in words: the first error inside however many exception groups (a
+    nursery wraps what its tasks raised; the wrapper's own text says nothing)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if not isinstance(exc, LlmgwError) or not text else text
+
+
 async def _term(config: ServerConfig, store: PgStore, keeper: LeaseKeeper, epoch: int,
                 valid_until: float) -> str:
     why = ["cancelled"]
+
+    def end(cancel: Callable[[], None], because: str) -> None:
+        why[0] = because
+        # A store call blocked on a database that no longer answers (a silent network)
+        # would hold the term open: its socket is shut down, the call returns an error.
+        store.abort()
+        cancel()
+
     try:
         async with trio.open_nursery() as nursery:
 
             async def keep() -> None:
-                why[0] = await keeper.hold(epoch, valid_until)
-                nursery.cancel_scope.cancel()
+                because = await keeper.hold(epoch, valid_until)
+                if "no longer ours" in because:
+                    await keeper.learn_leader()
+                end(nursery.cancel_scope.cancel, because)
 
             async def fence_watch() -> None:
                 # Set by the store's worker threads, which cannot set a trio.Event.
                 while not store.fenced:  # noqa: ASYNC110
                     await trio.sleep(0.2)
-                why[0] = "a write was refused by the epoch check (another server leads)"
-                nursery.cancel_scope.cancel()
+                keeper.leader = keeper.other(store.fenced_leader, "", bool(store.fenced_leader))
+                end(nursery.cancel_scope.cancel,
+                    f"a write was refused by the epoch check (another server leads): "
+                    f"{store.fenced_why}")
 
             nursery.start_soon(keep)
             nursery.start_soon(fence_watch)
             # The standby's socket is closed (its context terminated): the port is free.
-            await nursery.start(functools.partial(serve_server, config, store=store))
+            # Requests still pending when the term ends are answered NotLeader, naming
+            # the successor when it is known by then.
+            await nursery.start(functools.partial(serve_server, config, store=store,
+                                                  not_leader=keeper.named))
     except* StoreError as group:
-        why[0] = f"the store failed under this term: {group.exceptions[0]}"
+        why[0] = f"the store failed under this term: {reason(group)}"
     store.fence = None  # nothing more is written with this epoch
     return why[0]
-

@@ -26,7 +26,7 @@ from llmgw.server.store import StateStore
 from llmgw.server.web import serve_server_http
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
-from llmgw.transport.messages import Reply
+from llmgw.transport.messages import NotLeader, Reply, Request
 from llmgw.transport.zap import serve_zap, user_id
 from llmgw.transport.zmqtrio import TrioSocket
 
@@ -58,8 +58,12 @@ class ServerTransport:
         The socket's own receives, frame by frame, while ZMQ_EVENTS shows one queued:
         pyzmq's recv_multipart and an `Again` at the end of every burst cost several
         times the receive itself (bench/README.md, "Control plane")."""
+        await self.sock.wait_readable()
+        return self.take_queued()
+
+    def take_queued(self) -> list[tuple[bytes, str, bytes]]:
+        """The messages already queued (up to BATCH), without waiting."""
         ts = self.sock
-        await ts.wait_readable()
         raw = ts.sock
         batch: list[tuple[bytes, str, bytes]] = []
         while len(batch) < BATCH:
@@ -153,9 +157,12 @@ async def serve_server(
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
     store: StateStore | None = None,
+    not_leader: Callable[[], str] | None = None,
 ) -> None:
     """Run the control plane until cancelled. `task_status.started` gets the bound address.
-    `store`: one already open (ha.py's, fenced by its lease), which the caller closes."""
+    `store`: one already open (ha.py's, fenced by its lease), which the caller closes.
+    `not_leader`: this is a leader's term (ha.py); when it ends, the requests it had taken
+    and not answered are answered NotLeader naming the address this returns then."""
     keys_dir = Path(config.keys_dir)
     pair = load_pair(str(keys_dir / "server.key_secret"))
     watcher = KeyWatcher(keys_dir / "authorized")
@@ -219,11 +226,13 @@ async def serve_server(
             def refresh_keys() -> None:
                 watcher.reload_if_changed()
 
-            await run_plane(cp, t, on_tick=refresh_keys, on_rare_request=refresh_keys)
+            await run_plane(cp, t, on_tick=refresh_keys, on_rare_request=refresh_keys,
+                            not_leader=not_leader)
     finally:
         # Only once every task that might send has finished.
         if transport is not None:
-            transport.sock.close()
+            # A term's last NotLeader answers get a moment to leave (ctx.term waits).
+            transport.sock.close(linger=200 if not_leader is not None else 0)
         ctx.term()
         if owned:
             store.close()
@@ -242,6 +251,7 @@ async def run_plane(
     on_rare_request: Callable[[], None] | None = None,
     tick_interval: float = TICK_INTERVAL,
     gather: float = GATHER,
+    not_leader: Callable[[], str] | None = None,
 ) -> None:
     """Receive and answer until cancelled, and apply silence every `tick_interval`.
 
@@ -249,8 +259,37 @@ async def run_plane(
     in `cp.failed`: that message is dropped, the peer's session and every other peer go
     on. `on_rare_request` runs before each message from an admin or router key (rare:
     ctl, and each router once a second), so that a key revoked a moment ago is refused
-    on its next request, not at the next tick.
+    on its next request, not at the next tick. `not_leader` (a leader's term): once
+    cancelled, every request taken and not answered yet, and every one still queued, is
+    answered NotLeader(not_leader()) at once, not left to the client's timeout (issue 19).
     """
+    pending: set[tuple[bytes, str]] = set()  # deferred requests not answered yet
+
+    async def farewell() -> None:
+        assert not_leader is not None
+        try:
+            await trio.sleep_forever()
+        finally:
+            # Runs as soon as the plane is cancelled, while a deferred request may still
+            # be waiting for its thread (a database that does not answer).
+            leader = not_leader()
+            out: list[Outgoing] = [(rid, NotLeader(leader, request_id)) for rid, request_id in pending]
+            pending.clear()
+            if isinstance(transport, ServerTransport):
+                for rid, _uid, payload in transport.take_queued():
+                    try:
+                        msg = codec.decode(payload)
+                    except LlmgwError:
+                        continue
+                    if isinstance(msg, Request):
+                        out.append((rid, NotLeader(leader, msg.request_id)))
+            try:
+                transport.send_all(out)
+            except Exception:
+                log.exception("cannot answer %d pending request(s) NotLeader", len(out))
+            if out:
+                log.info("answered %d pending request(s): not the leader any more (%s)", len(out),
+                         leader or "the leader is not known yet")
 
     async def ticker() -> None:
         while True:
@@ -264,6 +303,7 @@ async def run_plane(
                 log.exception("a tick of the control plane failed")
 
     async def finish(rid: bytes, request_id: str, work: Awaitable[Any]) -> None:
+        pending.add((rid, request_id))
         try:
             reply = Reply(request_id, True, result=await work)
         except LlmgwError as exc:
@@ -273,6 +313,9 @@ async def run_plane(
             cp.throttle.log(log, logging.ERROR, (rid, "failed"), "request %s failed", request_id,
                             exc_info=True)
             reply = Reply(request_id, False, error="internal error; see the server's log")
+        if (rid, request_id) not in pending:
+            return  # answered NotLeader already: the term ended while this was under way
+        pending.discard((rid, request_id))
         try:
             transport.send_all([(rid, reply)])
         except Exception:
@@ -281,6 +324,8 @@ async def run_plane(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ticker)
+        if not_leader is not None:
+            nursery.start_soon(farewell)
         while True:
             batch = await transport.recv_batch()
             now = trio.current_time() + cp.clock_offset
