@@ -4,9 +4,6 @@ only releasing, or held by another process, moves nothing."""
 
 from __future__ import annotations
 
-import inspect
-
-import pytest
 from attrs import evolve
 from test_reconcile import World, dep, reports_for
 
@@ -14,17 +11,10 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.inventory import GpuProcess
-from llmgw.server import rollout
 from llmgw.server.reconcile import NodeDelta, ReconcileState, reconcile_dirty
 
 S = ReplicaState
 
-# The drain's steps live in rollout.py, which asks Pass.must_move (a draining node or an
-# unhealthy GPU) once the change the H5 report gives is applied there; until then the
-# tests of the move itself are expected to fail.
-MOVES = "must_move" in inspect.getsource(rollout)
-needs_rollout = pytest.mark.xfail(not MOVES, strict=True,
-                                  reason="rollout.py must ask Pass.must_move (H5 report)")
 
 
 def set_gpu(w: World, node_id: str, uuid: str, **changes: object) -> None:
@@ -40,7 +30,6 @@ def serving(w: World) -> World:
     return w
 
 
-@needs_rollout
 def test_a_replica_on_a_gpu_turning_unhealthy_is_replaced_first() -> None:
     w = serving(World(cluster(node("a", 2)), dep(1, gpus=1)))
     old = w.replicas["d-0"]
@@ -63,7 +52,6 @@ def _index(uuid: str) -> int:
     return int(uuid.rsplit("-", 1)[1])
 
 
-@needs_rollout
 def test_a_replica_not_serving_on_an_unhealthy_gpu_is_placed_again_at_once() -> None:
     w = World(cluster(node("a", 2)), dep(1, gpus=1))
     w.step()
@@ -74,7 +62,6 @@ def test_a_replica_not_serving_on_an_unhealthy_gpu_is_placed_again_at_once() -> 
     assert sorted(w.replicas) == ["d-0"] and r.placed and gpu not in r.gpus
 
 
-@needs_rollout
 def test_the_gpu_healthy_again_before_the_replacement_is_ready_keeps_the_old_one() -> None:
     w = serving(World(cluster(node("a", 2)), dep(1, gpus=1)))
     old = w.replicas["d-0"]
@@ -86,7 +73,6 @@ def test_the_gpu_healthy_again_before_the_replacement_is_ready_keeps_the_old_one
     assert sorted(w.replicas) == ["d-0"] and w.replicas["d-0"].generation == old.generation
 
 
-@needs_rollout
 def test_nowhere_to_move_keeps_the_old_one_serving_and_says_why() -> None:
     w = serving(World(cluster(node("a", 1)), dep(1, gpus=1)))
     set_gpu(w, "a", w.replicas["d-0"].gpus[0], problems=("row remap pending",))
@@ -118,9 +104,8 @@ def test_a_replica_on_a_healthy_gpu_of_the_same_node_stays() -> None:
     for _ in range(3):
         w.ready()
     assert w.replicas["d-1"].gpus == (on["d-1"],) and w.replicas["d-1"].state == S.READY
-    if MOVES:
-        moved = [r for r in w.replicas.values() if r.gpus == (spare,)]
-        assert len(moved) == 1 and "d-0" not in w.replicas
+    moved = [r for r in w.replicas.values() if r.gpus == (spare,)]
+    assert len(moved) == 1 and "d-0" not in w.replicas
 
 
 def test_a_replica_in_backoff_restarts_elsewhere_not_on_its_unhealthy_gpu() -> None:
@@ -137,7 +122,6 @@ def test_a_replica_in_backoff_restarts_elsewhere_not_on_its_unhealthy_gpu() -> N
     assert any("unhealthy (lost: GPU is lost): placing again" in e.text for e in res.events)
 
 
-@needs_rollout
 def test_kept_state_moves_it_on_a_node_delta_as_the_server_feeds_it() -> None:
     nodes = cluster(node("a", 2))
     d = dep(1, gpus=1)

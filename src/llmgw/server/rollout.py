@@ -2,9 +2,10 @@
 
 Slots are the replicas that count towards `replicas`; a replacement (`replaces` set) is a
 surge replica that takes over its slot once ready: the old one stops only then. A
-replacement is wanted while its target is on a draining node or runs an outdated spec;
-once neither holds (an uncordon, a spec put back) it is dropped unless it is already
-ready. States change only through the lifecycle table (replica_states.py).
+replacement is wanted while its target must move (Pass.must_move: its node drains, or a
+GPU it holds turned unhealthy) or runs an outdated spec; once neither holds (an uncordon,
+a healthy GPU again, a spec put back) it is dropped unless it is already ready. States
+change only through the lifecycle table (replica_states.py).
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def _settle_replacements(p: Pass, d: Deployment) -> None:
 
 
 def _still_wanted(p: Pass, new: Replica, old: Replica, new_hash: str) -> bool:
-    """Whether `new` should go on replacing `old`: while `old` is on a draining node, or
-    while it runs an outdated spec and `new` found room (a rolling update's surge; one
-    with no room goes down then up instead, which _roll does once this one is gone)."""
-    if any(p.draining(n) for n in old.node_ids):
+    """Whether `new` should go on replacing `old`: while `old` must move (a draining node,
+    an unhealthy GPU), or while it runs an outdated spec and `new` found room (a rolling
+    update's surge; one with no room goes down then up instead, which _roll does once
+    this one is gone)."""
+    if p.must_move(old):
         return True
     return p.hash(old.spec) != new_hash and new.placed
 
@@ -92,8 +94,8 @@ DRAIN_STUCK = "draining, with nowhere to move"
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     replaced = {r.replaces: r for r in mine if r.replaces}
-    if not replaced and not p.state.draining:
-        return  # nothing drains, nothing is being replaced: no replica to look at
+    if not replaced and not p.state.draining and not p.state.sick:
+        return  # nothing drains or ails, nothing is being replaced: no replica to look at
     for r in mine:
         if r.id in replaced:
             new = replaced[r.id]
@@ -103,15 +105,15 @@ def _drain(p: Pass, d: Deployment) -> None:
             continue
         if r.replaces or not r.placed:
             continue
-        draining = [m.node_id for m in r.members if p.draining(m.node_id)]
-        if not draining:
+        why = p.must_move(r)
+        if not why:
             continue
         if r.state != S.READY:  # serves nothing: move it now
-            p.event(r, f"node {draining[0]} draining: placing again")
-            p.place(p.unplace(r), exclude=frozenset(draining))
+            p.event(r, f"{why}: placing again")
+            p.place(p.unplace(r), exclude=p.move_exclude(r))
             continue
         new = p.new_replica(d, replaces=r.id)
-        p.event(r, f"node {draining[0]} draining: {new.id} takes over once ready")
+        p.event(r, f"{why}: {new.id} takes over once ready")
         if new.state == S.PENDING:
             p.put(evolve(r, reason=f"{DRAIN_STUCK}: {new.reason}"))
 
