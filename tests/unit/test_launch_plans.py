@@ -11,11 +11,20 @@ from hypothesis import strategies as st
 
 from llmgw.agent.engines import LaunchPlan, build_plan, count_ray_nodes, env_overrides, health_checked
 from llmgw.agent.engines.ray import RAY_MAX_GPUS, without_client_server_port
+from llmgw.agent.engines.weights import weights_for
 from llmgw.agent.plans import default_plan
-from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, VllmConfig
+from llmgw.config.agent import (
+    AgentConfig,
+    EnginesConfig,
+    KeysConfig,
+    ModelDirConfig,
+    SglangConfig,
+    VllmConfig,
+)
 from llmgw.errors import ConfigError, EngineError
 from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+from llmgw.model.inventory import ModelCopy, StorageReport
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
 # NVML numbers the node's GPUs in PCI bus order, which is not the UUIDs' order.
@@ -562,3 +571,109 @@ def test_default_plan_takes_the_node_numbering() -> None:
     assert plan_fn(spec(), IDX).main.env["CUDA_VISIBLE_DEVICES"] == "3,1"
     with pytest.raises(EngineError, match="not on this node now"):
         plan_fn(spec(), {})
+
+
+# ---- weights (issue 23): a node's copy by path, or a download into download_dir ----
+
+SNAPSHOT = "/hub/models--org--llama/snapshots/rev1"
+NODES = {
+    # node -> (its storage scan, the model argument, the env llmgw adds, vLLM's extra args)
+    "plain": (StorageReport(True, (ModelCopy("org/llama", "/data/models/org/llama", 9, True),)),
+              "/data/models/org/llama", {}, ()),
+    "hf-cache": (StorageReport(True, (ModelCopy("org/llama", SNAPSHOT, 9, True, shared=True,
+                                                store="weka-a"),)),
+                 SNAPSHOT, {"HF_HUB_CACHE": "/hub", "HF_HUB_OFFLINE": "1"}, ()),
+    "nothing": (StorageReport(True, ()), "org/llama", {"HF_HUB_CACHE": "/data/models"},
+                ("--download-dir", "/data/models")),
+}
+
+
+def _weights_config(mode: str = "mp") -> AgentConfig:
+    return attrs.evolve(config(mode), model_dirs=(ModelDirConfig("/data/models"),))
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_vllm_weights_per_node(node: str) -> None:
+    storage, model, env, extra = NODES[node]
+    cfg = _weights_config()
+    w = weights_for(spec(), cfg, storage)
+    plan = build_plan(spec(), cfg, WORK, gpu_indices=IDX, weights=w)
+    assert plan.main.argv == (
+        "/opt/vllm/bin/vllm", "serve", model, *SERVE,
+        "--tensor-parallel-size", "2", *extra, "--max-model-len", "8192",
+    )  # fmt: skip
+    assert plan.main.env == {**SINGLE_ENV, **env}
+    # The served name is the deployment's, whatever the engine loads.
+    assert plan.main.argv[plan.main.argv.index("--served-model-name") + 1] == "llama"
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_sglang_weights_per_node(node: str) -> None:
+    storage, model, env, _ = NODES[node]
+    cfg = _weights_config()
+    s = spec(EngineKind.SGLANG)
+    plan = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, storage))
+    argv = plan.main.argv
+    assert argv[argv.index("--model-path") + 1] == model
+    assert argv[argv.index("--served-model-name") + 1] == "llama"
+    assert "--download-dir" not in argv  # SGLang 0.5.23 has no such flag: HF_HUB_CACHE
+    assert plan.main.env == {**SINGLE_ENV, **env}
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_vllm_mp_members_each_load_their_own_copy(node: str) -> None:
+    storage, model, env, extra = NODES[node]
+    cfg = _weights_config("mp")
+    for rank in (0, 1):
+        s = spec(rank=rank)
+        plan = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, storage))
+        assert plan.main.argv[2] == model and plan.main.env == {**MULTI_ENV, **env}
+        assert (plan.main.argv[-4:-2] == extra) if extra else "--download-dir" not in plan.main.argv
+
+
+def test_ray_gang_head_keeps_the_id_for_a_local_copy() -> None:
+    storage = NODES["plain"][0]
+    cfg = _weights_config("ray")
+    s = spec(rank=0)
+    plan = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, storage))
+    assert plan.main.argv[2] == "org/llama"  # workers on other nodes would lack the path
+    hf = NODES["hf-cache"][0]  # a shared copy: every member sees it
+    plan = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, hf))
+    assert plan.main.argv[2] == SNAPSHOT
+
+
+def test_deployment_env_and_args_win_over_weights() -> None:
+    cfg = _weights_config()
+    s = spec(env={"HF_HUB_OFFLINE": "0"}, args=("--download-dir", "/mine"))
+    hf = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, NODES["hf-cache"][0]))
+    assert hf.main.env["HF_HUB_OFFLINE"] == "0" and hf.env_overrides == ("HF_HUB_OFFLINE",)
+    dl = build_plan(s, cfg, WORK, gpu_indices=IDX, weights=weights_for(s, cfg, NODES["nothing"][0]))
+    argv = dl.main.argv
+    # argparse keeps the last: the deployment's own folder.
+    assert argv[-4:] == ("--download-dir", "/data/models", "--download-dir", "/mine")
+
+
+def test_simulated_engine_gets_the_path_but_no_download_flag() -> None:
+    cfg = _weights_config()
+    s = spec(EngineKind.SIMULATED)
+    for node in NODES:
+        storage, model, env, _ = NODES[node]
+        plan = build_plan(s, cfg, WORK, python="py", gpu_indices=IDX,
+                          weights=weights_for(s, cfg, storage))
+        assert plan.main.argv[4] == model and "--download-dir" not in plan.main.argv
+        assert plan.main.argv[plan.main.argv.index("--served-model-name") + 1] == "llama"
+
+
+def test_no_weights_is_the_model_as_written() -> None:
+    cfg = _weights_config()
+    assert build_plan(spec(), cfg, WORK, gpu_indices=IDX) == build_plan(spec(), config(), WORK, gpu_indices=IDX)
+
+
+def test_default_plan_reads_the_storage_getter_at_each_plan() -> None:
+    cfg = attrs.evolve(_weights_config(), supervisor=attrs.evolve(config().supervisor, work_dir=WORK))
+    scans = [NODES["nothing"][0]]
+    plan_fn = default_plan(cfg, "py", lambda: scans[-1])
+    assert plan_fn(spec(), IDX).main.argv[2] == "org/llama"
+    scans.append(NODES["plain"][0])  # the download finished: the next scan holds it
+    assert plan_fn(spec(), IDX).main.argv[2] == "/data/models/org/llama"
+    assert default_plan(cfg, "py")(spec(), IDX).main.argv[2] == "org/llama"

@@ -14,18 +14,29 @@ import sys
 from collections.abc import Callable, Mapping
 
 from llmgw.agent import procs
-from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan
+from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineSpec
+from llmgw.model.inventory import StorageReport
 
 # (spec, GPU UUID -> NVML index read on the node right before the spawn) -> the plan.
 # Raises EngineError when a placed GPU is not in the map (the supervisor refuses the start).
 PlanFn = Callable[[EngineSpec, Mapping[str, int]], LaunchPlan]
 
 
-def default_plan(config: AgentConfig, python: str) -> PlanFn:
+# This node's last storage scan (Inventory.storage); called on the event loop, so it must
+# not block (the agent hands over `lambda: self.inventory.storage`).
+StorageFn = Callable[[], StorageReport]
+
+
+def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = None) -> PlanFn:
+    """Plans as build_plan makes them. With `storage`, the engine loads the copy the scan
+    found, or downloads into download_dir (weights_for); without it, the model as written."""
+
     def plan(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> LaunchPlan:
-        return build_plan(spec, config, config.supervisor.work_dir, python=python, gpu_indices=gpu_indices)
+        weights = weights_for(spec, config, storage()) if storage is not None else None
+        return build_plan(spec, config, config.supervisor.work_dir, python=python,
+                          gpu_indices=gpu_indices, weights=weights)
 
     return plan
 

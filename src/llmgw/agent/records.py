@@ -37,6 +37,9 @@ class EngineRecord:
     # NVML's index of each of spec.gpus, in that order: what CUDA_VISIBLE_DEVICES got
     # (the UUIDs stay in the spec). Empty: no GPUs, or a record from before indices.
     cuda_devices: tuple[int, ...] = ()
+    # The weights it was started on (Weights.reason: the copy's path, local or shared, the
+    # store; or the download folder), reported again when the engine is adopted.
+    weights: str = ""
 
     @property
     def pending(self) -> bool:

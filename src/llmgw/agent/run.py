@@ -14,10 +14,12 @@ from typing import Any
 
 import trio
 import zmq
+from attrs import evolve
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.agent.discovery.gpus import load_nvml
+from llmgw.agent.discovery.interfaces import interface_addresses, resolve_mgmt_interface
 from llmgw.agent.discovery.nvml import read_gpu_memory
 from llmgw.agent.gpu_claims import mark_inventory
 from llmgw.agent.gpu_memory import GpuMemory, from_inventory
@@ -57,8 +59,21 @@ def node_info(config: AgentConfig) -> NodeInfo:
     )
 
 
+def with_mgmt_interface(config: AgentConfig) -> AgentConfig:
+    """`config` with the interface that holds mgmt_addr: engines pin NCCL's and Gloo's
+    bootstrap to it (unset, Gloo binds the hostname's address, often 127.0.1.1). Left
+    empty, it is found; configured, it must exist and hold mgmt_addr. Raises ConfigError
+    (exit 2), as a missing HCA does: a node whose engines cannot bootstrap must not join."""
+    name = resolve_mgmt_interface(config.mgmt_interface, config.mgmt_addr, interface_addresses(),
+                                  source=config.source or "agent configuration")
+    if name != config.mgmt_interface:
+        log.info("mgmt_interface: %s (it holds mgmt_addr %s)", name, config.mgmt_addr)
+    return evolve(config, mgmt_interface=name)
+
+
 class Agent:
     def __init__(self, config: AgentConfig, *, python: str = sys.executable, nvml: object | None = None):
+        config = with_mgmt_interface(config)
         self.config = config
         self.python = python
         self.nvml = nvml
@@ -79,7 +94,8 @@ class Agent:
         self.supervisor = Supervisor(config, self._on_report, python=python,
                                      on_unavailable=lambda: self._rediscover.set(),
                                      gpu_memory=self._read_gpus, model_size=self._model_size,
-                                     on_gpus_changed=lambda: self._rediscover.set())
+                                     on_gpus_changed=lambda: self._rediscover.set(),
+                                     storage=lambda: self.inventory.storage)
         self._engines_stopped = False
         sampler = GpuSampler(self._nvml)
         self.metrics = AgentMetrics(

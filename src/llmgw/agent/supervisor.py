@@ -21,13 +21,13 @@ from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
 from llmgw.agent.engine_states import EngineEvent, transition
-from llmgw.agent.engines import LaunchPlan
+from llmgw.agent.engines import LaunchPlan, weights_for
 from llmgw.agent.gpu_claims import check_gpus
 from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
 from llmgw.agent.gpu_release import release_reasons
 from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_health
 from llmgw.agent.logtail import tail_lines
-from llmgw.agent.plans import PlanFn, default_plan, spawn_plan
+from llmgw.agent.plans import PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
@@ -136,8 +136,13 @@ class Supervisor:
         gpu_memory: GpuMemoryReader | None = None,
         model_size: Callable[[str], int] | None = None,
         on_gpus_changed: Callable[[], None] | None = None,
+        storage: StorageFn | None = None,
     ) -> None:
         self._config = config
+        # This node's last storage scan: the default plan starts engines on the copy it
+        # found (or downloads into download_dir), and the record says which. Only with the
+        # default plan: what a plan given here loads is its own business.
+        self._storage = storage if plan is None else None
         # Read right before each spawn of an engine with GPUs (their NVML indices, health,
         # free memory and holders) and after each such engine ends (its memory back).
         # None: specs with GPUs are refused, since no CUDA index can be given to them.
@@ -155,7 +160,7 @@ class Supervisor:
         self._keys = command_keys(config, python)
         self._sup = config.supervisor
         self._on_report = on_report
-        self._plan: PlanFn = plan or default_plan(config, python)
+        self._plan: PlanFn = plan or default_plan(config, python, storage)
         self._engines: dict[str, _Engine] = {}
         self._exited: dict[str, EngineReport] = {}
         self._nursery: trio.Nursery | None = None
@@ -348,6 +353,11 @@ class Supervisor:
                               cuda_devices=devices)
         try:
             plan: LaunchPlan = self._plan(spec, indices)
+            # The same pure answer the plan just got from the same scan (nothing awaited
+            # in between), for the record, the report and the log.
+            weights = (weights_for(spec, self._config, self._storage()).reason
+                       if self._storage is not None else "")
+            record = evolve(record, weights=weights)
         except LlmgwError as exc:  # a config the spec cannot run with: said, no traceback
             self._refuse(spec, restarts, log_path, f"could not start: {exc}")
             return
@@ -367,6 +377,9 @@ class Supervisor:
                        f"{','.join(str(i) for i in devices)}")
             log.info("engine %s gen %d: %s", rid, spec.generation, mapping)
             _note(log_path, rid, mapping)
+        if weights:
+            log.info("engine %s gen %d: weights %s", rid, spec.generation, weights)
+            _note(log_path, rid, f"weights {weights}")
         try:
             # Pending first: an agent killed between spawn and the completed record
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
@@ -393,7 +406,7 @@ class Supervisor:
         eng = _Engine(record=record, health=plan.health_checked,
                       report=EngineReport(rid, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, plan.health_checked),
-                                          pid=pid, restarts=restarts))
+                                          pid=pid, restarts=restarts, weights=weights))
         eng.pids.add(pid)
         self._engines[rid] = eng
         self.starts_total += 1
@@ -443,7 +456,8 @@ class Supervisor:
         eng = _Engine(record=record, health=health,
                       report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, health),
-                                          pid=record.pid, restarts=record.restarts))
+                                          pid=record.pid, restarts=record.restarts,
+                                          weights=record.weights))
         eng.pids.add(record.pid)
         self._engines[spec.replica_id] = eng
         self._event(eng, EngineEvent.ADOPTED, reason)

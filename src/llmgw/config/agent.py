@@ -100,6 +100,10 @@ class AgentConfig:
     discovery: DiscoveryConfig = DiscoveryConfig()
     # None: never asked to look. An empty tuple cannot be written (it is an error).
     model_dirs: tuple[ModelDirConfig, ...] | None = None
+    # Where an engine downloads weights this node holds no complete copy of (HF_HUB_CACHE;
+    # vLLM's --download-dir). None (unset): the loader takes the first writable model_dirs
+    # entry, so the next scan sees the finished copy. "": the engine's own default cache.
+    download_dir: str | None = None
     engines: EnginesConfig = EnginesConfig()
     supervisor: SupervisorConfig = SupervisorConfig()
     # Inclusive range the server assigns this node's engine and rendezvous ports from.

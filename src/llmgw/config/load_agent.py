@@ -7,11 +7,13 @@ agent's working directory, which is where they will be opened.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
+from attrs import evolve
 from cattrs import Converter
 from cattrs.gen import make_dict_structure_fn
 
@@ -65,7 +67,19 @@ def load_agent_config(path: str) -> AgentConfig:
         data = {**data, "node_id": socket.gethostname()}
     cfg = structure_file(_converter(), data, AgentConfig, path=path)
     _check(path, cfg)
+    if cfg.download_dir is None:
+        cfg = evolve(cfg, download_dir=default_download_dir(cfg))
     return cfg
+
+
+def default_download_dir(cfg: AgentConfig) -> str:
+    """The first model_dirs entry this process may write to ("" when none is, or there
+    are no model_dirs): a read-only filer of weights is common, and a download there would
+    only fail."""
+    for md in cfg.model_dirs or ():
+        if os.access(md.path, os.W_OK):
+            return md.path
+    return ""
 
 
 def _check(path: str, cfg: AgentConfig) -> None:
@@ -86,6 +100,9 @@ def _check(path: str, cfg: AgentConfig) -> None:
         )
     _check_fabrics(path, cfg)
     _check_model_dirs(path, cfg)
+    if cfg.download_dir is not None and cfg.download_dir and not cfg.download_dir.strip():
+        raise ConfigError(path, "download_dir", f"{cfg.download_dir!r} is blank; name a folder, "
+                          'or "" for the engine\'s own cache, or remove the key')
     mode = cfg.engines.vllm.launch_mode
     if mode not in LAUNCH_MODES:
         raise ConfigError(path, "engines.vllm.launch_mode", f'{mode!r} is not one of "ray" or "mp"')

@@ -88,3 +88,6 @@ class EngineReport:
     conflict_port: int = 0
     # At Hello, a live engine's report carries the spec it runs (see EngineSpec.origin).
     spec: EngineSpec | None = None
+    # The weights the engine loads, one line: which copy (path, local or shared, the
+    # store) or where it downloads. "": not told (an agent from before, a custom plan).
+    weights: str = ""

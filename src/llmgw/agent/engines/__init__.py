@@ -15,6 +15,7 @@ from llmgw.agent.engines.ray import RAY_PORT_BLOCK_SIZE, count_ray_nodes
 from llmgw.agent.engines.sglang import sglang_plan
 from llmgw.agent.engines.simulated import simulated_plan
 from llmgw.agent.engines.vllm import vllm_plan
+from llmgw.agent.engines.weights import Weights, resolve_weights, weights_for
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import EngineError
 from llmgw.model.engine import EngineKind, EngineSpec
@@ -24,12 +25,15 @@ __all__ = [
     "RAY_PORT_BLOCK_SIZE",
     "LaunchPlan",
     "ProcessPlan",
+    "Weights",
     "build_plan",
     "count_ray_nodes",
     "engine_dir",
     "env_overrides",
     "gpu_index_list",
     "health_checked",
+    "resolve_weights",
+    "weights_for",
 ]
 
 
@@ -66,6 +70,7 @@ def build_plan(
     *,
     python: str = "",
     gpu_indices: Mapping[str, int],
+    weights: Weights | None = None,
 ) -> LaunchPlan:
     """The processes to start for `spec` on this node.
 
@@ -74,13 +79,28 @@ def build_plan(
     it lacks raises EngineError "GPU <uuid> is not on this node now: ..."). `python` is the
     interpreter for the simulated engine when `engines.simulated_python` is empty (the
     caller passes the agent's own).
+
+    `weights` (llmgw.agent.engines.weights.weights_for, from this node's storage scan): the
+    engine loads `weights.arg` (a copy's path, or the id to download) with `weights.env`
+    (the deployment's env still wins), and vLLM downloads into `weights.download_dir`; the
+    served name stays the deployment's. None: the model as the deployment wrote it, as
+    before weights were resolved.
     """
     _check(spec)
     indices = gpu_index_list(spec, gpu_indices)
     cwd = engine_dir(work_dir, spec)
-    env, overrides = merge_env(default_env(spec, config, indices), spec.env)
+    defaults = default_env(spec, config, indices)
+    download_dir = ""
+    if weights is not None:
+        defaults.update(weights.env)
+        download_dir = weights.download_dir
+        # The served name is fixed before the model argument changes under it: clients ask
+        # for the deployment's name, never for a path on some node.
+        spec = evolve(spec, model=weights.arg, served_name=spec.served_name or spec.model)
+    env, overrides = merge_env(defaults, spec.env)
     if spec.engine is EngineKind.VLLM:
-        plan = vllm_plan((config.engines.vllm.bin,), spec, config, env, cwd, overrides)
+        plan = vllm_plan((config.engines.vllm.bin,), spec, config, env, cwd, overrides,
+                         download_dir=download_dir)
     elif spec.engine is EngineKind.SGLANG:
         plan = sglang_plan(spec, config, env, cwd, overrides)
     elif spec.engine is EngineKind.SIMULATED:

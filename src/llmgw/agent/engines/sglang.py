@@ -12,6 +12,11 @@ Ports (sglang 0.5.23, srt/server_args.py PortArgs.init_new): with the spec's eng
 the block, with room for the six ports after it that --enable-dp-attention binds (without
 it, one node puts them at --port + 233, outside anything reserved). A gang's dist-init port
 is the head's rendezvous port, which placement puts at the same place in the head's block.
+
+Weights (llmgw.agent.engines.weights): `--model-path` is the copy's path where the node
+holds one. SGLang 0.5.23 has no --download-dir flag (its LoadConfig.download_dir is never
+set from the command line), so a download goes where HF_HUB_CACHE says, which build_plan
+sets to the agent's download_dir.
 """
 
 from __future__ import annotations

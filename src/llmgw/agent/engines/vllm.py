@@ -13,6 +13,8 @@ engine `python -m llmgw.simengine`); everything after it is the same.
 
 from __future__ import annotations
 
+from attrs import evolve
+
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.agent.engines.ray import RAY_DRAIN_ENV, ray_address, ray_start_argv, ray_status_argv, ray_temp_dir
 from llmgw.config.agent import AgentConfig
@@ -78,7 +80,14 @@ def vllm_plan(
     env: dict[str, str],
     cwd: str,
     overrides: tuple[str, ...],
+    *,
+    download_dir: str = "",
 ) -> LaunchPlan:
+    """`download_dir`: where vLLM fetches weights it must download (`--download-dir`,
+    its weight files' cache_dir; HF_HUB_CACHE in `env` takes config and tokenizer there
+    too). Before the deployment's args, so that its own --download-dir wins."""
+    if download_dir:
+        spec = evolve(spec, args=("--download-dir", download_dir, *spec.args))
     gang = spec.gang
     if gang is None or gang.nnodes <= 1:
         argv = single_node_argv(engine, spec, config)
