@@ -1,11 +1,14 @@
 """Make a tiny Llama for the real-engine tier: random weights, a locally trained tokenizer.
 
 Run with the vLLM venv's python (it has torch, transformers and tokenizers; the test venv
-has none of them):   .ci-vllm-venv/bin/python tests/real_engine/make_model.py OUT_DIR
+has none of them):   .ci-vllm-venv/bin/python tests/real_engine/make_model.py OUT_DIR [--shape gpu]
 
-Shapes the CPU build of vLLM accepts (../shared/notes/engines.md): hidden 128, 4 heads of
-32 (head size 16 is refused), 2 layers, a 2,048-token vocabulary. No download: the
-tokenizer is a byte-level BPE trained on text files this machine has.
+`--shape cpu` (the default) is what the CPU build of vLLM accepts (../shared/notes/engines.md):
+hidden 128, 4 heads of 32 (head size 16 is refused), 2 layers, a 2,048-token vocabulary,
+float32. `--shape gpu` (bench/gpu_check.py) suits the CUDA attention kernels: 4 heads of
+64, hidden 256, every dimension a multiple of 64, float16 (every CUDA GPU vLLM supports
+has it; bfloat16 needs compute capability 8.0). No download: the tokenizer is a
+byte-level BPE trained on text files this machine has.
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ CHATML = (
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 2048
+# The Llama dimensions and dtype per shape (see the docstring).
+SHAPES: dict[str, dict[str, object]] = {
+    "cpu": {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "head_dim": 32, "torch_dtype": "float32"},
+    "gpu": {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "head_dim": 64, "torch_dtype": "float16"},
+}
+
+
+def shape_config(shape: str) -> dict[str, object]:
+    """LlamaConfig's keyword arguments for `shape` (no token ids: they come from the
+    tokenizer). Importable without torch."""
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown shape {shape!r}: choose from {', '.join(SHAPES)}")
+    return {"vocab_size": VOCAB, "num_hidden_layers": 2, "max_position_embeddings": 1024,
+            "tie_word_embeddings": True, **SHAPES[shape]}
 
 
 def corpus() -> list[str]:
@@ -33,7 +52,8 @@ def corpus() -> list[str]:
     return files
 
 
-def main(out: str) -> None:
+def main(out: str, shape: str = "cpu") -> None:
+    kwargs = shape_config(shape)
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -53,19 +73,22 @@ def main(out: str) -> None:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
         bos_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
-        tie_word_embeddings=True, torch_dtype="float32",
+        **kwargs,
     )
     model = LlamaForCausalLM(config)
+    model = model.to(getattr(torch, str(kwargs["torch_dtype"])))
     model.save_pretrained(out, safe_serialization=True)
-    print(f"tiny llama: {sum(p.numel() for p in model.parameters())} parameters in {out}")
+    print(f"tiny llama ({shape}): {sum(p.numel() for p in model.parameters())} parameters in {out}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    argv = sys.argv[1:]
+    shape = "cpu"
+    if len(argv) == 3 and argv[1] == "--shape":
+        shape = argv[2]
+    elif len(argv) != 1:
         raise SystemExit(__doc__)
-    main(sys.argv[1])
+    main(argv[0], shape)
