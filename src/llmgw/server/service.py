@@ -22,7 +22,7 @@ from llmgw.logbound import Throttle, clip
 from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.orchestrator import Orchestrator, open_store
-from llmgw.server.store import StateStore
+from llmgw.server.store import FencedError, StateStore
 from llmgw.server.web import serve_server_http
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
@@ -304,8 +304,12 @@ async def run_plane(
 
     async def finish(rid: bytes, request_id: str, work: Awaitable[Any]) -> None:
         pending.add((rid, request_id))
+        reply: Reply | NotLeader
         try:
             reply = Reply(request_id, True, result=await work)
+        except FencedError:
+            # Another server leads now: the client should ask it, not give up.
+            reply = NotLeader(not_leader() if not_leader is not None else "", request_id)
         except LlmgwError as exc:
             reply = Reply(request_id, False, error=str(exc))
         except Exception:

@@ -310,8 +310,8 @@ class PgStore(SqlStore):
             try:
                 self._db.call(lambda conn: self._check_fence(conn.cursor(), fence))
             except FencedError as exc:
-                refused = FencedError(f"{exc} (its transaction was ended by the server that "
-                                      "took over, and rolled back)")
+                refused = FencedError(f"{exc} (its transaction was ended and rolled back: "
+                                      "another server took over)")
                 self.fenced_why = str(refused)
                 log.warning("%s", refused)
                 raise refused from None
