@@ -13,7 +13,7 @@ import trio
 
 from fakes.engines import free_port
 from fakes.live import engine_pids, kill_engines
-from fakes.supervision import Reports
+from fakes.supervision import FakeGpus, Reports, gpu
 from fakes.supervisor_proc import config
 from llmgw.agent.supervisor import Supervisor
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState, GangSpec
@@ -38,8 +38,9 @@ def member(rank: int, rendezvous: int, port: int) -> EngineSpec:
 async def test_mp_gang_ready_only_with_both_members_and_dies_with_rank_1(root: Path) -> None:
     rendezvous = free_port()
     head, other = Reports(), Reports()
-    sup0 = Supervisor(config(str(root / "node-0")), head)
-    sup1 = Supervisor(config(str(root / "node-1")), other)
+    # Each node's one GPU, as its NVML would read it (CUDA device 0 on both).
+    sup0 = Supervisor(config(str(root / "node-0")), head, gpu_memory=FakeGpus(gpu("GPU-0", 0)))
+    sup1 = Supervisor(config(str(root / "node-1")), other, gpu_memory=FakeGpus(gpu("GPU-1", 0)))
     async with trio.open_nursery() as nursery:
         await nursery.start(sup0.serve)
         await nursery.start(sup1.serve)

@@ -204,3 +204,38 @@ def test_broken_pipe_ends_quietly(tmp_path: Path) -> None:
     p.stderr.close()
     assert p.wait(timeout=30) == 0, err
     assert err == "", err
+
+
+IFACE_CASES = [
+    ("no such interface", {"mgmt_addr": "127.0.0.1", "mgmt_interface": "nosuch0"},
+     ["mgmt_interface", "nosuch0", "no such interface"]),
+    ("interface without the address", {"mgmt_addr": "127.0.0.2", "mgmt_interface": "lo"},
+     ["mgmt_interface", "lo", "127.0.0.2"]),
+    ("address on no interface", {"mgmt_addr": "10.0.0.11"}, ["mgmt_addr", "10.0.0.11"]),
+]
+
+
+@pytest.mark.parametrize(("what", "change", "needles"), IFACE_CASES, ids=[c[0] for c in IFACE_CASES])
+def test_agent_bootstrap_interface_errors_exit_2(tmp_path: Path, good: dict[str, object], what: str,
+                                                 change: dict[str, object], needles: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The interface engines bootstrap on is checked against the node at start (issue 18):
+    before, a wrong or missing one surfaced only as Gloo's "connectFullMesh failed"."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({**good, **change}))
+    assert main(["agent", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    for needle in [str(path), *needles]:
+        assert needle in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_agent_derives_its_bootstrap_interface_from_mgmt_addr(tmp_path: Path, good: dict[str, object]) -> None:
+    from llmgw.agent.run import with_mgmt_interface
+    from llmgw.config.load_agent import load_agent_config
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({**good, "mgmt_addr": "127.0.0.1"}))
+    config = load_agent_config(str(path))
+    assert config.mgmt_interface == ""
+    assert with_mgmt_interface(config).mgmt_interface == "lo"

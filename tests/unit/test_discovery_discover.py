@@ -135,3 +135,25 @@ async def test_inventory_changed_per_gpu_health_processes_and_releasing(tmp_path
     assert inventory_changed(sick, with_gpu(problems=("lost: GPU is lost", "Xid 79 at x: y")))
     assert not inventory_changed(sick, sick)
     assert inventory_changed(inv, with_gpu(releasing="r-1: pid 77 still holds 30 GiB"))
+
+
+async def test_each_gpu_gets_its_pcie_path_from_sysfs(tmp_path: Path) -> None:
+    from fakes.sysfs import pcie_tree
+
+    # pcie_box's four L40S on buses 01, 41, 81, C1: two host bridges, 01 and 41 behind one
+    # switch, 81 and C1 directly on root ports of the other.
+    layout = {
+        "gpu0": ("pci0000:00", "0000:00:01.0", "0000:02:00.0", "0000:03:00.0", "0000:01:00.0"),
+        "gpu1": ("pci0000:00", "0000:00:01.0", "0000:02:00.0", "0000:03:01.0", "0000:41:00.0"),
+        "gpu2": ("pci0000:80", "0000:80:01.0", "0000:81:00.0"),
+        "gpu3": ("pci0000:80", "0000:80:02.0", "0000:c1:00.0"),
+    }
+    pcie_tree(tmp_path / "sys", layout, {"pci0000:00": 0, "pci0000:80": 1})
+    ib_tree(tmp_path / "ib", 2)
+    cfg = config(tmp_path)
+    cfg = evolve(cfg, discovery=evolve(cfg.discovery, nvidia_smi=str(fake.pcie_box(tmp_path / "bin"))))
+    inv = await discover(cfg, pci_root=str(tmp_path / "sys" / "bus" / "pci" / "devices"))
+    assert [g.pci_path for g in inv.gpus] == list(layout.values())
+    # A tree that does not know a GPU leaves its path empty, never an error.
+    inv = await discover(cfg, pci_root=str(tmp_path / "nowhere"))
+    assert [g.pci_path for g in inv.gpus] == [()] * 4

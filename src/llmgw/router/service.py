@@ -374,7 +374,6 @@ async def serve_router(
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
-    raise_nofile("router")  # two descriptors per stream in flight; a shell's 1024 is ~500
     router = Router(config)
     host, port = _split_bind(config.bind)
     try:
@@ -382,6 +381,9 @@ async def serve_router(
     except OSError as exc:
         raise ListenError(f"the router cannot listen on {config.bind}: "
                           f"{exc.strerror or exc}") from None
+    # After the bind, so that a router that cannot listen says only that; before the
+    # first accept, which is what needs the descriptors.
+    raise_nofile("router")  # two descriptors per stream in flight; a shell's 1024 is ~500
     bound = listeners[0].socket.getsockname()
     log.info("router listening on http://%s:%d", bound[0], bound[1])
     try:

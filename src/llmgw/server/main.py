@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import trio
+
 from llmgw.config.server import ServerConfig
 from llmgw.rlimit import raise_nofile
 from llmgw.server.service import serve_server
 
 
 async def run_server(config: ServerConfig) -> None:
-    raise_nofile("server")  # one descriptor per peer socket; a shell's 1024 is too few
-    if config.store.url:  # PostgreSQL: one of several servers, leader or standby
-        from llmgw.server.ha import serve_replicated
+    async with trio.open_nursery() as nursery:
+        if config.store.url:  # PostgreSQL: one of several servers, leader or standby
+            from llmgw.server.ha import serve_replicated
 
-        await serve_replicated(config)
-    else:
-        await serve_server(config)
+            await nursery.start(serve_replicated, config)
+        else:
+            await nursery.start(serve_server, config)
+        # Once bound, so that a server that cannot bind says only that; before any number
+        # of peers could need it. One descriptor per peer socket: a shell's 1024 is few.
+        raise_nofile("server")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 
 import trio
@@ -17,6 +18,7 @@ from llmgw.agent.discovery.engine_check import check_engines
 from llmgw.agent.discovery.gpus import PCI_ROOT, read_gpus
 from llmgw.agent.discovery.infiniband import assess_fabrics, read_hcas
 from llmgw.agent.discovery.mountinfo import Mount, parse_mountinfo
+from llmgw.agent.discovery.pcie import link_path, sysfs_name
 from llmgw.agent.discovery.storage import scan_storage
 from llmgw.config.agent import AgentConfig
 from llmgw.model.inventory import Gpu, Inventory
@@ -26,6 +28,17 @@ log = logging.getLogger(__name__)
 MOUNTINFO = "/proc/self/mountinfo"
 # Free memory moves with every engine; smaller moves than this are not a change.
 FREE_MEMORY_SLACK_MIB = 1024
+
+
+def _with_pci_paths(gpus: tuple[Gpu, ...], pci_root: str) -> tuple[Gpu, ...]:
+    """Each GPU's PCIe ancestry from sysfs (`pci_root` is /sys/bus/pci/devices), for
+    placement's same-switch preference on nodes without NVLink; () where unknown."""
+    out = []
+    for g in gpus:
+        name = sysfs_name(g.pci_bus_id)
+        path = link_path(os.path.join(pci_root, name)) if name else ()
+        out.append(evolve(g, pci_path=path) if path and path[-1] == name else g)
+    return tuple(out)
 
 
 def _read_mounts(path: str) -> list[Mount]:
@@ -59,6 +72,7 @@ async def discover(
         functools.partial(read_gpus, disc, nvml=nvml, search_path=search_path, pci_root=pci_root,
                           node_id=config.node_id)
     )
+    gpus = await trio.to_thread.run_sync(_with_pci_paths, gpu_reading.gpus, pci_root)
     hcas = await trio.to_thread.run_sync(read_hcas, disc.ib_root)
     fabrics = assess_fabrics(hcas, config.fabrics, source=config.source)
     if config.model_dirs is not None:
@@ -75,7 +89,7 @@ async def discover(
             log.warning("discovery: %s", w)
             seen.add(w)
     return Inventory(
-        gpus=gpu_reading.gpus,
+        gpus=gpus,
         gpu_source=gpu_reading.source,
         hcas=hcas,
         fabrics=fabrics.fabrics,
