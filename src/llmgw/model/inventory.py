@@ -43,7 +43,7 @@ class Gpu:
     # Non-empty: an engine stopped here and its memory has not come back yet (the
     # replica id and what is still there); never placed until it has.
     releasing: str = ""
-    # PCIe ancestry, root port first, the device last, in sysfs names:
+    # PCIe ancestry, host bridge first, the device last, in sysfs names:
     # ("pci0000:17", "0000:17:01.0", "0000:18:00.0", "0000:19:00.0"); empty: unknown.
     pci_path: tuple[str, ...] = ()
 
