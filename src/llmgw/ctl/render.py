@@ -228,6 +228,18 @@ def _describe_node(n: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _weights(w: object) -> list[str]:
+    """The weights each member's engine loads (the agent's EngineReport.weights): the copy
+    used (path, local or shared, the store) or where it downloads. A dict node -> line, or
+    one line; absent from a server that does not pass it on."""
+    if isinstance(w, dict):
+        told = [(n, x) for n, x in sorted(w.items()) if x]
+        if len(told) == 1:
+            return [f"Weights:    {told[0][1]} (on {told[0][0]})"]
+        return ["Weights:", *(f"  {n}: {x}" for n, x in told)] if told else []
+    return [f"Weights:    {w}"] if isinstance(w, str) and w else []
+
+
 def _describe_replica(r: dict[str, Any]) -> str:
     lines = [f"Replica:    {r['id']}", f"Deployment: {r['deployment']}",
              f"State:      {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""),
@@ -235,6 +247,7 @@ def _describe_replica(r: dict[str, Any]) -> str:
              "Nodes:      " + (", ".join(r.get("nodes", [])) or "-"),
              f"GPUs:       {_replica_gpus(r)}", f"Fabric:     {r.get('fabric') or '-'}",
              f"Endpoint:   {r.get('endpoint') or '-'}"]
+    lines += _weights(r.get("weights"))
     if r.get("replaces"):
         lines.append(f"Replaces:   {r['replaces']}")
     if r.get("pending"):
