@@ -16,12 +16,24 @@ after the agent's jittered backoff (1 s base, 30 s cap).
 Printed: `lead_s` (SIGKILL → the standby's log says it leads), `all_back_s` (SIGKILL →
 every agent welcomed by the new leader), and the parts of the latter: the lease wait and
 the agents' own silence detection (3 intervals) plus backoff. A figure, not a test.
+
+    .venv/bin/python bench/failover.py --fault frozen --nodes 200 --lease 3 --interval 1
+    .venv/bin/python bench/failover.py --storm 600          # issue 19's 10 minutes, 10 s lease
+
+`--fault frozen` (issue 19): instead of a SIGKILL the leader stops itself (SIGSTOP, the
+store's test hook) inside the write transaction of an apply it is answering, holding the
+transaction open with its connections up; the times count from the moment it stopped.
+`--storm S`: no servers; the lease keeper and fenced store as ha.py runs them hold the
+lease for S seconds while 80 writers keep every store thread busy with 30 ms
+transactions (tests/integration/test_frozen_leader_storm.py for S seconds): the lease is
+never lost, or the bench says when and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
@@ -163,7 +175,36 @@ def _leads(log: Path) -> bool:
     return LEADING.search(log.read_bytes()) is not None
 
 
-def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, float]:
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def _apply_in_background(address: str, admin_key: str, server_key: str) -> None:
+    import threading
+
+    import trio
+
+    from llmgw.model.deployment import Deployment
+    from llmgw.transport.client import request
+    from llmgw.transport.requests import ApplyOp
+
+    op = ApplyOp(Deployment(name="frozen-write", model="org/frozen", engine="simulated",
+                            gpus_per_node=1, replicas=1))
+
+    def send() -> None:
+        try:
+            trio.run(request, address, admin_key, server_key, op, 60.0)
+        except Exception as exc:  # the point is the freeze; the answer is only reported
+            print(f"  the frozen leader's apply: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    threading.Thread(target=send, daemon=True).start()
+
+
+def run(n: int, lease: float, interval: float, per_worker: int, fault: str = "sigkill") -> dict[str, Any]:
     sys.path.insert(0, str(HERE.parent / "tests"))
     from control_plane import _raise_fd_limit, _start_server, _stop  # type: ignore[import-not-found]
 
@@ -184,6 +225,7 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
         names = [f"n{i:05d}" for i in range(n)]
         for name in names:
             keys.issue_key(str(kd), "node", name)
+        keys.issue_key(str(kd), "admin", "ops")
         url = pg.new_database()
         addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
         configs = []
@@ -199,7 +241,12 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
         workers: list[subprocess.Popen[bytes]] = []
         try:
             # The first leads (it starts alone and wins the empty lease); the second waits.
+            from llmgw.server.store_pg import FREEZE_ENV
+
+            freeze = root / "freeze"
+            os.environ[FREEZE_ENV] = str(freeze)  # armed only when the file is written
             servers.append(_start_server(root, configs[0], "server-0.log", b"standby on"))
+            del os.environ[FREEZE_ENV]
             t0 = time.monotonic()
             while not _leads(root / "server-0.log") and time.monotonic() - t0 < 60:
                 time.sleep(0.05)
@@ -219,7 +266,16 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
             print(f"  {connected} of {n} agents with the leader in {time.monotonic() - t0:.0f}s",
                   file=sys.stderr)
             time.sleep(2 * interval)  # every agent into its heartbeat rhythm
-            servers[0].kill()
+            if fault == "frozen":
+                freeze.write_text("INSERT INTO deployments")
+                _apply_in_background(addresses[0], str(kd / "ops.key_secret"), str(kd / "server.key"))
+                t0 = time.monotonic()
+                while not _stopped(servers[0].pid) and time.monotonic() - t0 < 30:
+                    time.sleep(0.01)
+                if not _stopped(servers[0].pid):
+                    raise SystemExit("the leader did not stop inside its write")
+            else:
+                servers[0].kill()
             t_kill = time.monotonic()
             (meet / "killed").touch()
             lead_s = all_back_s = float("nan")
@@ -232,8 +288,11 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
                     break
                 time.sleep(0.05)
             back = _welcomed_by(meet).get(addresses[1], 0)
-            print(f"  leader SIGKILLed: the standby led after {lead_s:.2f}s, {back} of {connected} "
-                  f"agents with it after {all_back_s:.2f}s", file=sys.stderr)
+            print(f"  leader {'frozen inside a write' if fault == 'frozen' else 'SIGKILLed'}: the "
+                  f"standby led after {lead_s:.2f}s, {back} of {connected} agents with it after "
+                  f"{all_back_s:.2f}s", file=sys.stderr)
+            if fault == "frozen":
+                os.kill(servers[0].pid, signal.SIGCONT)
             (meet / "stop").touch()
             for w in workers:
                 w.communicate(timeout=60)
@@ -242,8 +301,27 @@ def run(n: int, lease: float, interval: float, per_worker: int) -> dict[str, flo
             for p in [*workers, *servers]:
                 _stop(p)
             pg.close()
-    return {"nodes": n, "lease_s": lease, "heartbeat_s": interval, "lead_s": lead_s,
+    return {"nodes": n, "lease_s": lease, "heartbeat_s": interval, "fault": fault, "lead_s": lead_s,
             "all_back_s": all_back_s, "agents_back": back}
+
+
+def storm(seconds: float, lease: float) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+    import trio
+    from test_frozen_leader_storm import storm as hold_under_storm  # type: ignore[import-not-found]
+
+    from fakes.postgres import PgServer, pg_bin  # type: ignore[import-not-found]
+
+    bin_dir = pg_bin()
+    if bin_dir is None:
+        raise SystemExit("needs PostgreSQL's server programs: apt-get install postgresql")
+    pg = PgServer(bin_dir)
+    try:
+        why, written = trio.run(hold_under_storm, pg.new_database(), seconds, lease)
+    finally:
+        pg.close()
+    return {"storm_s": seconds, "lease_s": lease, "writes": written, "lost": why}
 
 
 def main() -> None:
@@ -252,6 +330,10 @@ def main() -> None:
     p.add_argument("--lease", type=float, default=10.0, help="the servers' lease, seconds")
     p.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
     p.add_argument("--per-worker", type=int, default=500, help="agents per worker process")
+    p.add_argument("--fault", choices=("sigkill", "frozen"), default="sigkill",
+                   help="kill the leader, or freeze it inside a write transaction")
+    p.add_argument("--storm", type=float, metavar="SECONDS",
+                   help="only hold the lease under a write storm this long (no servers)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as one JSON object")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--servers", help=argparse.SUPPRESS)
@@ -267,9 +349,16 @@ def main() -> None:
     # A SIGTERM (timeout, Ctrl-C's cousin) unwinds through run's cleanup: servers, workers
     # and PostgreSQL are stopped by pid, none left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    r = run(args.nodes, args.lease, args.interval, args.per_worker)
-    print(f"{'agents':>7} {'lease':>6} {'heartbeat':>9} {'standby leads':>14} {'all agents back':>16}")
-    print(f"{r['nodes']:>7} {r['lease_s']:>5g}s {r['heartbeat_s']:>8g}s {r['lead_s']:>13.2f}s "
+    if args.storm is not None:
+        r: dict[str, Any] = storm(args.storm, args.lease)
+        print(f"write storm: {r['writes']} writes in {r['storm_s']:g}s under a {r['lease_s']:g}s lease; "
+              f"lease lost: {r['lost'] or 'never'}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
+        return
+    r = run(args.nodes, args.lease, args.interval, args.per_worker, args.fault)
+    print(f"{'agents':>7} {'lease':>6} {'heartbeat':>9} {'fault':>8} {'standby leads':>14} {'all agents back':>16}")
+    print(f"{r['nodes']:>7} {r['lease_s']:>5g}s {r['heartbeat_s']:>8g}s {r['fault']:>8} {r['lead_s']:>13.2f}s "
           f"{r['all_back_s']:>15.2f}s")
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1) + "\n")
