@@ -52,6 +52,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,9 +85,42 @@ ALL_STEPS = ("facts", "discovery", "install_vllm", "make_model", "cluster", "ser
              "kill_while_loading")
 
 # The Gpu fields both discovery paths read; a difference in any is a finding. Not
-# memory_free (it moves between the two reads) nor processes (only NVML lists them).
+# memory_free (it moves between the two reads). nvidia-smi's query reads no health and no
+# processes: NVML's problems are shown, and its process list is checked against
+# `nvidia-smi --query-compute-apps` (process_differences).
 FIELDS = ("index", "uuid", "name", "memory_total", "pci_bus_id", "numa_node", "compute_capability",
-          "nvlink_peers")
+          "nvlink_peers", "pci_path")
+COMPUTE_APPS_ARGS = ("--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
+# Two reads a moment apart: a process's memory may move this much between them.
+PROCESS_MEMORY_SLACK_MIB = 256
+
+
+def parse_compute_apps(text: str) -> dict[str, dict[int, int]]:
+    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`: UUID -> {pid: MiB}
+    (a memory nvidia-smi does not give, "[N/A]", reads 0; lines that do not parse are skipped)."""
+    out: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 3 or not cells[1].isdigit():
+            continue
+        mib = int(cells[2]) if cells[2].isdigit() else 0
+        out.setdefault(cells[0], {})[int(cells[1])] = mib
+    return out
+
+
+def process_differences(gpus: list[Gpu], apps: dict[str, dict[int, int]]) -> list[str]:
+    """NVML's processes per GPU (Gpu.processes) against nvidia-smi's compute apps."""
+    out = []
+    for g in gpus:
+        mine = {p.pid: p.memory for p in g.processes}
+        theirs = apps.get(g.uuid, {})
+        if set(mine) != set(theirs):
+            out.append(f"{g.uuid} processes: NVML {sorted(mine)} vs nvidia-smi {sorted(theirs)}")
+            continue
+        for pid, mib in mine.items():
+            if theirs[pid] and abs(mib - theirs[pid]) > PROCESS_MEMORY_SLACK_MIB:
+                out.append(f"{g.uuid} pid {pid} memory: NVML {mib} MiB vs nvidia-smi {theirs[pid]} MiB")
+    return out
 
 
 def differences(a: list[Gpu], b: list[Gpu]) -> list[str]:
@@ -109,7 +143,7 @@ def gpu_json(g: Gpu) -> dict[str, Any]:
     return {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
             "memory_free": g.memory_free, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node,
             "compute_capability": g.compute_capability, "nvlink_peers": dict(g.nvlink_peers),
-            "problems": list(g.problems),
+            "pci_path": list(g.pci_path), "problems": list(g.problems),
             "processes": [{"pid": p.pid, "command": p.command, "memory": p.memory} for p in g.processes]}
 
 
@@ -132,8 +166,14 @@ def discovery(nvml: Any | None, smi: str | None, pci_root: str = PCI_ROOT) -> Ou
     fig: dict[str, Any] = {"fields": list(FIELDS), "nvml": [gpu_json(g) for g in from_nvml or []],
                            "nvidia_smi": [gpu_json(g) for g in from_smi or []]}
     ok = bool(from_nvml) and bool(from_smi)
-    if from_nvml and from_smi:
+    if from_nvml and from_smi and smi:
         diffs = differences(from_nvml, from_smi)
+        apps = subprocess.run([smi, *COMPUTE_APPS_ARGS], capture_output=True, text=True,
+                              check=False, timeout=60)
+        if apps.returncode == 0:
+            diffs += process_differences(from_nvml, parse_compute_apps(apps.stdout))
+        else:
+            notes.append(f"nvidia-smi --query-compute-apps failed: {apps.stderr.strip()[:300]}")
         fig["differences"] = diffs
         notes.extend(f"differs: {d}" for d in diffs)
         ok = ok and not diffs
@@ -205,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     reserve = min(CLEANUP_RESERVE, args.deadline / 4)
     deadline = Deadline(args.deadline, reserve)
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="llmgw-gpu-check-"))
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="llmgw-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     ctx: dict[str, Any] = {"deadline": deadline}
     out = Path(args.out)

@@ -468,9 +468,11 @@ def kill_while_loading(rig: GpuRig, deadline: Deadline) -> Outcome:
         if back_at is None and g and not (set(g.pids) & session) and g.free >= base_free - 1024:
             back_at = time.monotonic()
         if placed_at is None:
+            # Started again on that GPU: by the server (a new generation) or by the agent
+            # restarting it in place (the same generation, a new session leader).
             r = rig.row("loadkill-0")
-            if r.get("generation", 0) > gen and uuid in r.get("gpus", []) and r.get("state") in (
-                    "starting", "ready"):
+            again = r.get("generation", 0) > gen or rig.leader_of("loadkill-0") not in (None, leader)
+            if again and uuid in r.get("gpus", []) and r.get("state") in ("starting", "ready"):
                 placed_at = time.monotonic()
         time.sleep(POLL / 2)
     fig["memory_back_s"] = round(back_at - killed, 2) if back_at else None
