@@ -9,7 +9,9 @@ One engine start; every process started here is killed by pid at the end.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -20,9 +22,14 @@ import pytest
 from fakes.live import Cluster, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from llmgw.agent import procs
+from llmgw.agent.engines import build_plan, weights_for
+from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, ModelDirConfig, VllmConfig
+from llmgw.model.engine import EngineKind, EngineSpec
+from llmgw.model.inventory import ModelCopy, StorageReport
 
 pytestmark = pytest.mark.real_engine
 
+HERE = Path(__file__).resolve().parent
 READY_TIMEOUT = 420  # model load on 2 busy cores: 25-130 s seen (--enforce-eager)
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
@@ -83,3 +90,35 @@ def test_deployment_by_id_runs_on_the_nodes_copy_offline(
     with urllib.request.urlopen(f"{rep['endpoint']}/v1/models", timeout=30) as resp:
         served = [m["id"] for m in json.load(resp)["data"]]
     assert served == ["org/tiny"]
+
+
+def test_weights_flags_and_env_are_what_vllm_and_the_hub_read(vllm_venv: Path) -> None:
+    """The download plan's --download-dir parses with vLLM's own serve parser, and the
+    variables the plans set are the ones huggingface_hub (which vLLM and SGLang load
+    through) reads: no network, and the cache folder the next scan looks in."""
+    cfg = AgentConfig(node_id="n1", server="tcp://10.0.0.9:5555", keys=KeysConfig("s", "p"),
+                      mgmt_addr="127.0.0.1", model_dirs=(ModelDirConfig("/data/models"),),
+                      engines=EnginesConfig(vllm=VllmConfig(bin="vllm", launch_mode="mp")))
+    spec = EngineSpec("r1", 1, "tiny", "org/tiny", "tiny", EngineKind.VLLM, (), 20001,
+                      args=("--max-model-len", "512"))
+    hf = StorageReport(True, (ModelCopy("org/tiny", "/hub/models--org--tiny/snapshots/r1", 9, True),))
+    plans = {node: build_plan(spec, cfg, "/w", gpu_indices={},
+                              weights=weights_for(spec, cfg, storage))
+             for node, storage in (("nothing", StorageReport(True, ())), ("hf-cache", hf))}
+    argv = list(plans["nothing"].main.argv[1:])
+    assert "--download-dir" in argv
+    r = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "vllm_args_check.py")],
+                       input=json.dumps([argv]), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (parsed,) = json.loads(r.stdout)
+    assert parsed["ok"], parsed
+    assert parsed["args"]["model_tag"] == "org/tiny"
+    read = ("import json, huggingface_hub.constants as c; "
+            "print(json.dumps([c.HF_HUB_CACHE, c.HF_HUB_OFFLINE]))")
+    for node, want in (("nothing", ["/data/models", False]), ("hf-cache", ["/hub", True])):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+        out = subprocess.run([str(vllm_venv / "bin" / "python"), "-c", read],
+                             env={**env, **plans[node].main.env}, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout) == want, node
