@@ -8,7 +8,6 @@ ConfigError naming the file, the key path (`fabrics[1].hcas`) and the bad value.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, get_args, get_origin
@@ -27,6 +26,7 @@ from cattrs.errors import (
 from cattrs.gen import make_dict_structure_fn
 from zmq.utils import z85
 
+from llmgw.config.addresses import AddressError, parse_host_port, parse_tcp
 from llmgw.config.duration import Duration, duration_from_value
 from llmgw.errors import ConfigError
 
@@ -340,36 +340,21 @@ def read_toml(path: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- common checks
 
-_TCP = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
-_HOSTPORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\d{1,5})$")
-
-
-def check_tcp_address(source: str, key: str, value: str) -> None:
-    """`tcp://host:port`; an http(s) address is refused with the reason."""
-    if value.startswith(("http://", "https://")):
-        raise ConfigError(
-            source,
-            key,
-            f"{value!r} is an HTTP address; llmgw speaks ZeroMQ with CURVE, which replaces "
-            "TLS: write tcp://host:port",
-        )
-    m = _TCP.match(value)
-    if not m:
-        raise ConfigError(source, key, f"{value!r} is not an address of the form tcp://host:port")
-    _check_port(source, key, value, int(m.group("port")))
+def check_tcp_address(source: str, key: str, value: str, *, listen: bool = False) -> None:
+    """`tcp://host:port` (config/addresses.py's grammar, the dialler's); `listen`: a bind,
+    which may name every interface (`*`)."""
+    try:
+        parse_tcp(value, listen=listen)
+    except AddressError as exc:
+        raise ConfigError(source, key, f"{value!r}: {exc}") from None
 
 
 def check_host_port(source: str, key: str, value: str) -> None:
-    """`host:port` with no scheme."""
-    m = _HOSTPORT.match(value)
-    if not m:
-        raise ConfigError(source, key, f"{value!r} is not an address of the form host:port")
-    _check_port(source, key, value, int(m.group("port")))
-
-
-def _check_port(source: str, key: str, value: str, port: int) -> None:
-    if not 1 <= port <= 65535:
-        raise ConfigError(source, key, f"{value!r}: port {port} is outside 1..65535")
+    """`host:port` with no scheme: an HTTP listener's address."""
+    try:
+        parse_host_port(value)
+    except AddressError as exc:
+        raise ConfigError(source, key, f"{value!r}: {exc}") from None
 
 
 def check_readable_file(source: str, key: str, value: str, hint: str = "") -> None:

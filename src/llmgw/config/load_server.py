@@ -16,6 +16,7 @@ from llmgw.config._strict import (
     read_toml,
     structure_file,
 )
+from llmgw.config.addresses import is_wildcard, parse_tcp
 from llmgw.config.metrics import check_metrics_bind, check_metrics_token
 from llmgw.config.server import ServerConfig
 from llmgw.errors import ConfigError
@@ -38,7 +39,7 @@ def load_server_config(path: str) -> ServerConfig:
 
 
 def _check(path: str, cfg: ServerConfig) -> None:
-    check_tcp_address(path, "bind", cfg.bind)
+    check_tcp_address(path, "bind", cfg.bind, listen=True)
     check_keys_dir(path, "keys_dir", cfg.keys_dir)
     if not cfg.state_dir.strip():
         raise ConfigError(path, "state_dir", f"{cfg.state_dir!r} is empty")
@@ -108,7 +109,7 @@ def check_store(path: str, cfg: ServerConfig) -> None:
                               f"{st.password_file!r} is readable by other users; chmod 600 it")
     if st.password_env and not os.environ.get(st.password_env):
         raise ConfigError(path, "store.password_env", f"${st.password_env} is not set")
-    if not cfg.advertise and cfg.bind.split("//", 1)[-1].rsplit(":", 1)[0] in ("0.0.0.0", "*", "[::]"):
+    if not cfg.advertise and is_wildcard(parse_tcp(cfg.bind, listen=True)[0]):
         raise ConfigError(path, "advertise", f"is needed with PostgreSQL when bind is {cfg.bind!r}: "
                           "the address agents reach this server at (standbys name the leader by it)")
     if cfg.advertise:

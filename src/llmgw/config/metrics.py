@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from llmgw.config._strict import check_host_port
+from llmgw.config.addresses import parse_host_port
 from llmgw.errors import ConfigError
 
 MIN_TOKEN = 16  # characters: a token is a password that travels with every scrape
@@ -12,8 +13,7 @@ MIN_TOKEN = 16  # characters: a token is a password that travels with every scra
 
 def split_host_port(value: str) -> tuple[str, int]:
     """`host:port` or `[v6]:port` -> (host without brackets, port). The value was checked."""
-    host, _, port = value.rpartition(":")
-    return host.strip("[]"), int(port)
+    return parse_host_port(value)
 
 
 def is_loopback(host: str) -> bool:

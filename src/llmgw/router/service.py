@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from llmgw.config.addresses import parse_host_port
 from llmgw.config.router import RouterConfig
 from llmgw.errors import ListenError, ProtocolError
 from llmgw.logbound import Throttle, clip
@@ -363,8 +364,7 @@ def _cancel_part(exc: BaseException) -> BaseException | None:
 
 
 def _split_bind(bind: str) -> tuple[str, int]:
-    host, _, port = bind.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return parse_host_port(bind)  # checked by the config loader: one grammar
 
 
 async def serve_router(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
@@ -10,6 +9,7 @@ import trio
 import zmq
 
 from llmgw import PROTOCOL_VERSION
+from llmgw.config.addresses import AddressError, parse_tcp
 from llmgw.errors import (
     LlmgwError,
     ProtocolError,
@@ -27,20 +27,14 @@ from llmgw.transport.requests import Op
 
 _CTX: zmq.Context[Any] | None = None
 
-_ADDRESS = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
-ADDRESS_FORM = "tcp://HOST:PORT, e.g. tcp://127.0.0.1:7443"
-
 
 def check_address(address: str) -> str | None:
-    """None when `address` is a server address llmgw dials (tcp://host:port), else what
-    is wrong with it, in words."""
-    m = _ADDRESS.match(address)
-    if m is None:
-        if address.startswith(("http://", "https://")):
-            return f"expected {ADDRESS_FORM} (llmgw speaks ZeroMQ, not HTTP)"
-        return f"expected {ADDRESS_FORM}"
-    if not 0 < int(m.group(2)) < 65536:
-        return f"port {m.group(2)} is out of range; expected {ADDRESS_FORM}"
+    """None when `address` is a server address llmgw dials (tcp://host:port, the grammar
+    of config/addresses.py that every config check uses too), else what is wrong with it."""
+    try:
+        parse_tcp(address)
+    except AddressError as exc:
+        return str(exc)
     return None
 
 

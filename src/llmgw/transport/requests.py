@@ -10,10 +10,10 @@ structured on arrival by the same validator as a deployment file (config/deploym
 from __future__ import annotations
 
 import enum
-import re
 
 from attrs import field, frozen
 
+from llmgw.config.addresses import AddressError, parse_host_port
 from llmgw.model.deployment import Deployment
 
 # The most log lines one `logs` request may ask for.
@@ -106,12 +106,13 @@ Op = (
 # ---- results ----
 
 
-_URL = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}/?$")
-
-
 def _engine_url(_: object, __: object, value: str) -> None:
-    if not _URL.match(value) or not 0 < int(value.rstrip("/").rpartition(":")[2]) < 65536:
-        raise ValueError(f"not an engine URL (http://host:port): {value[:100]!r}")
+    try:
+        if not value.startswith("http://"):
+            raise AddressError("no http://")
+        parse_host_port(value[len("http://"):].removesuffix("/"))
+    except AddressError:
+        raise ValueError(f"not an engine URL (http://host:port): {value[:100]!r}") from None
 
 
 @frozen
