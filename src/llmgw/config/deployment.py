@@ -7,6 +7,7 @@ A deployment that no node fits today is still valid: the cluster may grow.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +17,7 @@ import yaml
 from llmgw.config.duration import duration_from_value
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Strategy
-from llmgw.model.engine import EngineKind
+from llmgw.model.engine import LORA_RANKS, Adapter, EngineKind
 
 _REQUIRED = ("name", "model", "engine", "gpus_per_node", "replicas")
 _OPTIONAL = (
@@ -28,6 +29,10 @@ _OPTIONAL = (
     "env",
     "startup_timeout",
     "strategy",
+    "drain_timeout",
+    "adapters",
+    "max_loras",
+    "max_lora_rank",
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -108,11 +113,20 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         if timeout <= 0:
             raise err("startup_timeout", "expected a duration above zero such as 10m")
         kwargs["startup_timeout"] = timeout
+    if "drain_timeout" in data:
+        try:
+            drain = duration_from_value(data["drain_timeout"])
+        except ValueError as exc:
+            raise DeploymentError(source, "drain_timeout", str(exc)) from None
+        if drain < 0:
+            raise err("drain_timeout", "expected a duration of zero or more such as 60s")
+        kwargs["drain_timeout"] = drain
     if "strategy" in data:
         try:
             kwargs["strategy"] = Strategy(data["strategy"])
         except ValueError:
             raise err("strategy", "expected spread or pack") from None
+    kwargs.update(_lora(data, source, model, kwargs.get("served_name", model)))
     return Deployment(
         name=name,
         model=model,
@@ -121,6 +135,62 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         replicas=replicas,
         **kwargs,
     )
+
+
+# An adapter's name is a `model` clients send, and vLLM's --lora-modules reads NAME=PATH.
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$")
+MAX_ADAPTERS = 256
+_ADAPTER_KEYS = ("name", "path")
+
+
+def _lora(data: Mapping[str, Any], source: str, model: str, served: str) -> dict[str, Any]:
+    """adapters, max_loras, max_lora_rank: a list of {name, path} with absolute paths and
+    unique names, none of them the deployment's model or served name (a request naming
+    it would be ambiguous); the limits as vLLM takes them."""
+    out: dict[str, Any] = {}
+    if "max_loras" in data:
+        out["max_loras"] = _int(data, "max_loras", source, minimum=1)
+    if "max_lora_rank" in data:
+        rank = data["max_lora_rank"]
+        if isinstance(rank, bool) or rank not in LORA_RANKS:
+            ranks = ", ".join(str(r) for r in LORA_RANKS)
+            raise DeploymentError(source, "max_lora_rank", f"expected one of {ranks}, got {_show(rank)}")
+        out["max_lora_rank"] = rank
+    raw = data.get("adapters")
+    if raw is None:
+        return out
+    if not isinstance(raw, list):
+        raise DeploymentError(source, "adapters", f"expected a list of {{name, path}}, got {_show(raw)}")
+    if len(raw) > MAX_ADAPTERS:
+        raise DeploymentError(source, "adapters", f"at most {MAX_ADAPTERS}, got {len(raw)}")
+    adapters: list[Adapter] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"adapters[{i}]"
+        if not isinstance(item, Mapping):
+            raise DeploymentError(source, where, f"expected a mapping with name and path, got {_show(item)}")
+        for key in item:
+            if key not in _ADAPTER_KEYS:
+                raise DeploymentError(source, f"{where}.{key}", "unknown field (known: name, path)")
+        for key in _ADAPTER_KEYS:
+            if item.get(key) is None:
+                raise DeploymentError(source, f"{where}.{key}", "missing (required)")
+        name, path = item["name"], item["path"]
+        if not isinstance(name, str) or not _ADAPTER_NAME.match(name):
+            raise DeploymentError(source, f"{where}.name", "expected a name of letters, digits, '.', '_', "
+                                  f"':', '/' or '-' (at most 200), got {_show(name)}")
+        if name in seen:
+            raise DeploymentError(source, f"{where}.name", f"{name!r} names two adapters")
+        if name in (model, served):
+            raise DeploymentError(source, f"{where}.name", f"{name!r} is the deployment's model or "
+                                  "served name: a request for it could not tell which is meant")
+        if not isinstance(path, str) or not posixpath.isabs(path) or "\0" in path:
+            raise DeploymentError(source, f"{where}.path", f"expected an absolute path the nodes see, "
+                                  f"got {_show(path)}")
+        seen.add(name)
+        adapters.append(Adapter(name, posixpath.normpath(path)))
+    out["adapters"] = tuple(adapters)
+    return out
 
 
 def _int(data: Mapping[str, Any], key: str, source: str, *, minimum: int) -> int:

@@ -20,7 +20,15 @@ from typing import Any
 
 from attrs import Factory, field, frozen
 
-from .engine import EngineKind, EngineSpec, GangSpec
+from .engine import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    RUNTIME_ADAPTERS,
+    Adapter,
+    EngineKind,
+    EngineSpec,
+    GangSpec,
+)
 
 # Ports reserved on each member of a Ray gang for that replica's Ray processes: a few
 # fixed ones (node manager, object manager, agents), then the workers' range.
@@ -61,10 +69,31 @@ class Deployment:
     env: dict[str, str] = field(factory=dict)
     startup_timeout: float = 600.0  # seconds
     strategy: Strategy = Strategy.SPREAD
+    # Seconds a replica leaving for a reason other than a failure (scale-down, delete,
+    # drain, rollout) may go on serving the requests it has once no router sends it new
+    # ones; it stops sooner when its engine is idle. Per deployment, like Kubernetes'
+    # terminationGracePeriodSeconds: how long a request may run is the model's trait
+    # (a reasoning model's minutes-long answers, an embedder's milliseconds). It shapes
+    # no engine, so it is left out of template_hash: changing it rolls nothing.
+    drain_timeout: float = 60.0
+    # LoRA adapters served on this deployment's engines, by name (a path the nodes see).
+    # LoRA is enabled at start when there are adapters or max_loras is set (0: not set,
+    # DEFAULT_MAX_LORAS when enabled): set it to add and remove adapters freely, down to
+    # none, without a restart of a vLLM engine.
+    adapters: tuple[Adapter, ...] = ()
+    max_loras: int = 0
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     @property
     def gang(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def lora_slots(self) -> int:
+        """--max-loras of its engines; 0: LoRA not enabled."""
+        if self.max_loras:
+            return self.max_loras
+        return DEFAULT_MAX_LORAS if self.adapters else 0
 
     def plain(self) -> dict[str, Any]:
         """The mapping a deployment file would hold for this deployment: the inverse of
@@ -83,7 +112,20 @@ class Deployment:
             "env": dict(self.env),
             "startup_timeout": self.startup_timeout,
             "strategy": str(self.strategy),
+            "drain_timeout": self.drain_timeout,
+            **self._plain_lora(),
         }
+
+    def _plain_lora(self) -> dict[str, Any]:
+        # Only what is set: a deployment without adapters travels as it did before them.
+        out: dict[str, Any] = {}
+        if self.adapters:
+            out["adapters"] = [{"name": a.name, "path": a.path} for a in self.adapters]
+        if self.max_loras:
+            out["max_loras"] = self.max_loras
+        if self.max_lora_rank != DEFAULT_MAX_LORA_RANK:
+            out["max_lora_rank"] = self.max_lora_rank
+        return out
 
     def template_hash(self) -> str:
         """Fingerprint of everything that shapes a replica (all but the replica count).
@@ -103,6 +145,13 @@ class Deployment:
             "startup_timeout": self.startup_timeout,
             "strategy": str(self.strategy),
         }
+        # Keys only where LoRA is on, so that every hash from before adapters stands. Its
+        # limits are fixed at start: enabling LoRA or changing them rolls. The adapters
+        # themselves roll only engines that cannot load them at runtime (SGLang).
+        if self.lora_slots:
+            data["lora"] = [self.lora_slots, self.max_lora_rank]
+            if self.engine not in RUNTIME_ADAPTERS:
+                data["adapters"] = [[a.name, a.path] for a in self.adapters]
         raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -115,6 +164,9 @@ class ReplicaState(enum.StrEnum):
     BACKOFF = "backoff"  # exited or failed; restarts at backoff_until
     CRASH_LOOPING = "crash-looping"  # in backoff after repeated failures
     HELD = "held"  # on a lost node, re-placement held by the mass-loss guard
+    # Leaving (scaled down, deleted, replaced): out of the routers' tables, its engines
+    # still run until their requests finish (or drain_until), then it is stopped.
+    DRAINING = "draining"
 
 
 @frozen
@@ -165,6 +217,10 @@ class Replica:
     replaces: str = ""  # surge: the replica this one takes over from once ready
     ready_since: float = 0.0
     placed_at: float = 0.0
+    # Draining: since when (routers drop it from their tables within a poll or two of
+    # this), and the time it is stopped by even with requests still running.
+    drain_since: float = 0.0
+    drain_until: float = 0.0
 
     @property
     def placed(self) -> bool:
@@ -229,6 +285,9 @@ class Replica:
                     startup_timeout=d.startup_timeout,
                     gang=gang,
                     origin=d.plain(),
+                    adapters=d.adapters,
+                    max_loras=d.lora_slots,
+                    max_lora_rank=d.max_lora_rank,
                 )
             )
         return tuple(out)

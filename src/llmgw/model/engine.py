@@ -14,6 +14,28 @@ class EngineKind(enum.StrEnum):
     SIMULATED = "simulated"
 
 
+# Engines that load and unload LoRA adapters while they run (vLLM's /v1/load_lora_adapter
+# and /v1/unload_lora_adapter, and the simulated engine that copies them): an adapter
+# added to or removed from a deployment changes no engine of theirs. SGLang's are given
+# their adapters at start (--lora-paths), so a change rolls them.
+RUNTIME_ADAPTERS = frozenset({EngineKind.VLLM, EngineKind.SIMULATED})
+
+# vLLM's defaults (vllm 0.32 config/lora.py LoRAConfig): a rank above max_lora_rank is
+# refused at load; max_loras adapters share one batch, more wait in the CPU cache.
+DEFAULT_MAX_LORAS = 4
+DEFAULT_MAX_LORA_RANK = 16
+# vLLM's MaxLoRARanks (config/lora.py): --max-lora-rank takes only these.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@frozen
+class Adapter:
+    """A LoRA adapter of a deployment: the name clients ask for, a folder the nodes see."""
+
+    name: str
+    path: str  # absolute, like a model's local copy
+
+
 @frozen
 class GangSpec:
     """This member's part in a multi-node replica."""
@@ -56,6 +78,13 @@ class EngineSpec:
     # before there was one): an engine of another state is a lost state's, not one this
     # state stopped on purpose.
     issuer: str = ""
+    # LoRA adapters the engine should serve. max_loras above 0: it starts with LoRA
+    # enabled (max_loras adapters per batch, ranks up to max_lora_rank); 0: without. On an
+    # engine of RUNTIME_ADAPTERS the agent loads and unloads `adapters` as the list
+    # changes, without a restart.
+    adapters: tuple[Adapter, ...] = ()
+    max_loras: int = 0
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     @property
     def key(self) -> tuple[str, int]:
@@ -91,3 +120,7 @@ class EngineReport:
     # The weights the engine loads, one line: which copy (path, local or shared, the
     # store) or where it downloads. "": not told (an agent from before, a custom plan).
     weights: str = ""
+    # Names of the LoRA adapters the engine has loaded (the router sends an adapter's
+    # requests only where it is loaded), and "name: why" for each it could not load.
+    adapters: tuple[str, ...] = ()
+    adapter_errors: tuple[str, ...] = ()
