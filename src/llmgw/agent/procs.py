@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
+from llmgw.agent.discovery.procnet import session_of_stat, stat_fields
+
 log = logging.getLogger(__name__)
 
 REPLICA_ENV = "LLMGW_REPLICA_ID"
@@ -74,30 +76,30 @@ def spawn(
     return proc.pid
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat from field 3 (state) on; None if gone."""
+def _stat_text(pid: int) -> str:
+    """/proc/<pid>/stat; "" if gone. Parsed by discovery/procnet's pure functions."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
+            return f.read().decode(errors="replace")
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces or ')'.
-    return data[data.rfind(")") + 2 :].split()
+        return ""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat from field 3 (state) on; None if gone."""
+    return stat_fields(_stat_text(pid))
 
 
 def start_time(pid: int) -> int | None:
     """Field 22 of /proc/<pid>/stat (clock ticks after boot); None if gone or a zombie."""
     fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 
 
 def session_of(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    return int(fields[3])
+    return session_of_stat(_stat_text(pid))
 
 
 def alive_as(pid: int, started: int) -> bool:
@@ -113,8 +115,7 @@ def session_pids(sid: int) -> list[int]:
     """Every live (non-zombie) process whose session id is `sid`."""
     out = []
     for pid in _all_pids():
-        fields = _stat_fields(pid)
-        if fields is not None and fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+        if session_of_stat(_stat_text(pid)) == sid:
             out.append(pid)
     return out
 
@@ -125,11 +126,8 @@ def sessions_pids(sids: frozenset[int]) -> dict[int, list[int]]:
     if not sids:
         return out
     for pid in _all_pids():
-        fields = _stat_fields(pid)
-        if fields is None or fields[0] in ("Z", "X"):
-            continue
-        sid = int(fields[3])
-        if sid in out:
+        sid = session_of_stat(_stat_text(pid))
+        if sid is not None and sid in out:
             out[sid].append(pid)
     return out
 

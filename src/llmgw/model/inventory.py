@@ -163,13 +163,6 @@ class Inventory:
     # which placement takes as available.
     engines: tuple[EngineAvailability, ...] = ()
 
-    def lacked_engine(self, kind: str) -> EngineAvailability | None:
-        """The report saying `kind` cannot start here; None when it can or is not reported."""
-        for e in self.engines:
-            if e.kind == kind and not e.available:
-                return e
-        return None
-
 
 @frozen
 class NodeInfo:

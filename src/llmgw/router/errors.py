@@ -64,10 +64,6 @@ def unknown_model(model: str) -> ApiError:
     )
 
 
-def too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
-
-
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, code="invalid_api_key")
 

@@ -9,7 +9,6 @@ import posixpath
 import re
 
 _VERSION = re.compile(r"^Version:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
-_NAME = re.compile(r"^Name:[ \t]*(\S+)[ \t]*$", re.MULTILINE)
 MAX_VERSION = 64
 
 
@@ -34,11 +33,6 @@ def metadata_version(text: str) -> str:
     if m is None or len(m.group(1)) > MAX_VERSION:
         return ""
     return m.group(1)
-
-
-def metadata_name(text: str) -> str:
-    m = _NAME.search(text.split("\n\n", 1)[0])
-    return m.group(1) if m else ""
 
 
 def normalise(name: str) -> str:

@@ -96,14 +96,20 @@ def answering(listeners: tuple[Listener, ...], addr: str, port: int) -> frozense
     return frozenset(wild)
 
 
-def session_of_stat(text: str) -> int | None:
-    """Field 6 (session id) of a /proc/PID/stat line; None for a zombie or unreadable text."""
+def stat_fields(text: str) -> list[str] | None:
+    """The fields of a /proc/PID/stat line from field 3 (state) on; None for text that is
+    not one. The command name (field 2) is in parentheses and may hold spaces or ')'."""
     end = text.rfind(")")
     if end < 0:
         return None
-    fields = text[end + 1 :].split()
+    return text[end + 1 :].split() or None
+
+
+def session_of_stat(text: str) -> int | None:
+    """Field 6 (session id) of a /proc/PID/stat line; None for a zombie or unreadable text."""
+    fields = stat_fields(text)
     # fields[0] is field 3 (state); the session id is field 6.
-    if len(fields) < 4 or fields[0] in ("Z", "X"):
+    if fields is None or len(fields) < 4 or fields[0] in ("Z", "X"):
         return None
     try:
         return int(fields[3])
