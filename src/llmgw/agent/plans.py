@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from llmgw.agent import procs
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
 from llmgw.config.agent import AgentConfig
+from llmgw.model.affinity import GpuHca, for_member
 from llmgw.model.engine import EngineSpec
-from llmgw.model.inventory import StorageReport
+from llmgw.model.inventory import Inventory, StorageReport
 
 # (spec, GPU UUID -> NVML index read on the node right before the spawn) -> the plan.
 # Raises EngineError when a placed GPU is not in the map (the supervisor refuses the start).
@@ -29,14 +30,25 @@ PlanFn = Callable[[EngineSpec, Mapping[str, int]], LaunchPlan]
 StorageFn = Callable[[], StorageReport]
 
 
-def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = None) -> PlanFn:
+# This node's last inventory, for each gang member's GPU -> HCA map; called on the event
+# loop, so it must not block.
+InventoryFn = Callable[[], Inventory]
+
+
+def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = None,
+                 inventory: InventoryFn | None = None) -> PlanFn:
     """Plans as build_plan makes them. With `storage`, the engine loads the copy the scan
-    found, or downloads into download_dir (weights_for); without it, the model as written."""
+    found, or downloads into download_dir (weights_for); without it, the model as written.
+    With `inventory`, a gang member's GPUs each get their nearest HCA of the fabric."""
 
     def plan(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> LaunchPlan:
         weights = weights_for(spec, config, storage()) if storage is not None else None
+        nics: tuple[GpuHca, ...] = ()
+        if inventory is not None and spec.gang is not None and spec.gang.hcas:
+            inv = inventory()
+            nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
         return build_plan(spec, config, config.supervisor.work_dir, python=python,
-                          gpu_indices=gpu_indices, weights=weights)
+                          gpu_indices=gpu_indices, weights=weights, nics=nics)
 
     return plan
 

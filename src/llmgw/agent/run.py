@@ -95,7 +95,8 @@ class Agent:
                                      on_unavailable=lambda: self._rediscover.set(),
                                      gpu_memory=self._read_gpus, model_size=self._model_size,
                                      on_gpus_changed=lambda: self._rediscover.set(),
-                                     storage=lambda: self.inventory.storage)
+                                     storage=lambda: self.inventory.storage,
+                                     inventory=lambda: self.inventory)
         self._engines_stopped = False
         sampler = GpuSampler(self._nvml)
         self.metrics = AgentMetrics(

@@ -27,7 +27,7 @@ from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
 from llmgw.agent.gpu_release import release_reasons
 from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_health
 from llmgw.agent.logtail import tail_lines
-from llmgw.agent.plans import PlanFn, StorageFn, default_plan, spawn_plan
+from llmgw.agent.plans import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
@@ -137,6 +137,7 @@ class Supervisor:
         model_size: Callable[[str], int] | None = None,
         on_gpus_changed: Callable[[], None] | None = None,
         storage: StorageFn | None = None,
+        inventory: InventoryFn | None = None,
     ) -> None:
         self._config = config
         # This node's last storage scan: the default plan starts engines on the copy it
@@ -160,7 +161,7 @@ class Supervisor:
         self._keys = command_keys(config, python)
         self._sup = config.supervisor
         self._on_report = on_report
-        self._plan: PlanFn = plan or default_plan(config, python, storage)
+        self._plan: PlanFn = plan or default_plan(config, python, storage, inventory)
         self._engines: dict[str, _Engine] = {}
         self._exited: dict[str, EngineReport] = {}
         self._nursery: trio.Nursery | None = None

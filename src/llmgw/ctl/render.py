@@ -240,6 +240,17 @@ def _weights(w: object) -> list[str]:
     return [f"Weights:    {w}"] if isinstance(w, str) and w else []
 
 
+def _nics(nics: object) -> list[str]:
+    """Which HCA each gang member's GPUs ride (the server's "nics": node -> lines)."""
+    if not isinstance(nics, dict) or not nics:
+        return []
+    out = ["HCAs:"]
+    for node, lines in sorted(nics.items()):
+        if isinstance(lines, list):
+            out.append(f"  {node}: " + ", ".join(str(x) for x in lines))
+    return out if len(out) > 1 else []
+
+
 def _describe_replica(r: dict[str, Any]) -> str:
     lines = [f"Replica:    {r['id']}", f"Deployment: {r['deployment']}",
              f"State:      {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""),
@@ -248,6 +259,7 @@ def _describe_replica(r: dict[str, Any]) -> str:
              f"GPUs:       {_replica_gpus(r)}", f"Fabric:     {r.get('fabric') or '-'}",
              f"Endpoint:   {r.get('endpoint') or '-'}"]
     lines += _weights(r.get("weights"))
+    lines += _nics(r.get("nics"))
     if r.get("replaces"):
         lines.append(f"Replaces:   {r['replaces']}")
     if r.get("pending"):

@@ -8,9 +8,11 @@ of local copies: the question is "can this fabric serve it".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmgw.model.affinity import for_member
+from llmgw.model.deployment import Member
 from llmgw.model.inventory import FabricState, Inventory
 
 
@@ -67,3 +69,19 @@ def fabric_view(nodes: Mapping[str, Inventory]) -> list[dict[str, Any]]:
             }
         )
     return view
+
+
+def member_nics(members: Sequence[Member], nodes: Mapping[str, Inventory]) -> dict[str, list[str]]:
+    """Which HCA each placed GPU of a gang rides, per node: `{"gpu-1": ["GPU 0 -> mlx5_0
+    (PIX)", ...]}`, as the agent computes it for the engine's environment (the same
+    function over the same inventory). Members without HCAs (single-node replicas) or
+    on nodes not known here are left out."""
+    out: dict[str, list[str]] = {}
+    for m in members:
+        inv = nodes.get(m.node_id)
+        if inv is None or not m.hcas:
+            continue
+        nics = for_member(inv.gpus, inv.hcas, m.gpus, m.hcas)
+        if nics:
+            out[m.node_id] = [n.line() for n in nics]
+    return out

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
-from llmgw.server.fabrics import fabric_view, islands
-from llmgw.server.store import plain
+from llmgw.server.fabrics import fabric_view, islands, member_nics
 
 if TYPE_CHECKING:
     from llmgw.server.control import ControlPlane, Node
@@ -181,7 +180,7 @@ def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent
     row = next(r for r in deployment_rows(o) if r["name"] == d.name)
     return {
         **row,
-        "spec": plain(d, Deployment),
+        "spec": d.plain(),
         "replica_list": [replica_row(r) for r in mine],
         "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
@@ -199,11 +198,13 @@ def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> 
     """A replica's row, why it waits if it does, its last failure's log and its events."""
     return {
         **replica_row(r),
-        "spec": plain(r.spec, Deployment),
+        "spec": r.spec.plain(),
         "replaces": r.replaces,
         "pending": o.pending.get(r.id, ""),
         "last_log_tail": list(r.last_log_tail),
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
+        # Which HCA each gang member's GPUs ride (issue 22).
+        "nics": member_nics(r.members, {n: v.inventory for n, v in o.cp.nodes.items()}),
     }
 
 

@@ -18,6 +18,7 @@ from llmgw.agent.engines.vllm import vllm_plan
 from llmgw.agent.engines.weights import Weights, resolve_weights, weights_for
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import EngineError
+from llmgw.model.affinity import GpuHca
 from llmgw.model.engine import EngineKind, EngineSpec
 
 __all__ = [
@@ -71,6 +72,7 @@ def build_plan(
     python: str = "",
     gpu_indices: Mapping[str, int],
     weights: Weights | None = None,
+    nics: tuple[GpuHca, ...] = (),
 ) -> LaunchPlan:
     """The processes to start for `spec` on this node.
 
@@ -85,11 +87,14 @@ def build_plan(
     (the deployment's env still wins), and vLLM downloads into `weights.download_dir`; the
     served name stays the deployment's. None: the model as the deployment wrote it, as
     before weights were resolved.
+
+    `nics` (llmgw.model.affinity.for_member, from this node's inventory): each placed
+    GPU's nearest HCA of the gang's fabric, for UCX and vLLM's GPU -> NIC map (env.nic_env).
     """
     _check(spec)
     indices = gpu_index_list(spec, gpu_indices)
     cwd = engine_dir(work_dir, spec)
-    defaults = default_env(spec, config, indices)
+    defaults = default_env(spec, config, indices, nics)
     download_dir = ""
     if weights is not None:
         defaults.update(weights.env)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import EngineError
+from llmgw.model.affinity import GpuHca
 from llmgw.model.engine import EngineKind, EngineSpec
 
 # The placed GPUs' UUIDs, in CUDA_VISIBLE_DEVICES order, for whoever reads the engine's
@@ -38,10 +39,13 @@ def gpu_index_list(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> tuple[in
     return tuple(out)
 
 
-def default_env(spec: EngineSpec, config: AgentConfig, indices: tuple[int, ...]) -> dict[str, str]:
+def default_env(spec: EngineSpec, config: AgentConfig, indices: tuple[int, ...],
+                nics: tuple[GpuHca, ...] = ()) -> dict[str, str]:
     """The variables llmgw sets for an engine, before the deployment's own env.
 
-    `indices` are the spec's GPUs as NVML indices (gpu_index_list).
+    `indices` are the spec's GPUs as NVML indices (gpu_index_list). `nics`: each placed
+    GPU's nearest HCA of the gang's fabric (llmgw.model.affinity.for_member); () where
+    the node could not tell, and no GPU -> NIC map is set.
     """
     env = {
         # Number GPUs by PCI bus id, as nvidia-smi and NVML do, never "fastest first": with
@@ -76,9 +80,48 @@ def default_env(spec: EngineSpec, config: AgentConfig, indices: tuple[int, ...])
         if gang.hcas:
             # A leading "=" makes the names exact: "mlx5_1" alone also matches mlx5_10.
             env["NCCL_IB_HCA"] = "=" + ",".join(gang.hcas)
+        env.update(nic_env(spec, config, nics))
         # Ray and vLLM must pick the same address on a multi-homed node.
         env["VLLM_HOST_IP"] = config.mgmt_addr
     return env
+
+
+# vLLM's own GPU -> NIC map (vllm/v1/executor/vllm_net_devices.py, read by every worker of
+# its multiproc and uniproc executors, not by Ray's): "GPU_BDF=NIC_BDF,..." and the
+# variables each worker sets from its GPU's NIC, "VAR[:suffix]" (the suffix is appended
+# to the RDMA device name). Both or neither: vLLM refuses one without the other.
+VLLM_NIC_MAP_ENV = "VLLM_GPU_NIC_PCIE_MAPPING"
+VLLM_NIC_VARS_ENV = "VLLM_NIC_SELECTION_VARS"
+
+
+def nic_env(spec: EngineSpec, config: AgentConfig, nics: tuple[GpuHca, ...]) -> dict[str, str]:
+    """The GPU -> HCA map for what picks its own NIC (UCX, so NIXL's KV transfers).
+
+    NCCL needs none: given NCCL_IB_HCA it pairs each GPU with its nearest HCA from the
+    same PCIe tree itself. UCX does not: unset, UCX_NET_DEVICES is "all", and a UCX
+    endpoint on an HCA across the CPU is the "HTTP 200 with garbage" of dynamo#12463.
+    vLLM with its multiproc executor sets UCX_NET_DEVICES per worker to that worker's
+    GPU's HCA (VLLM_GPU_NIC_PCIE_MAPPING); it prepends to a value already set, so llmgw
+    sets none there. Everything else (SGLang, Ray workers, one process for several GPUs)
+    gets the placed GPUs' HCAs, each once, as `mlx5_0:1` (UCX names device:port).
+    """
+    if not nics:
+        return {}
+    ports = {n.port for n in nics}
+    per_worker = (
+        spec.engine is EngineKind.VLLM
+        and config.engines.vllm.launch_mode == "mp"
+        and all(n.gpu_bus_id and n.hca_bus_id for n in nics)
+        and len(ports) == 1
+    )
+    if per_worker:
+        return {
+            VLLM_NIC_MAP_ENV: ",".join(f"{n.gpu_bus_id.lower()}={n.hca_bus_id}" for n in nics),
+            # Only UCX's variable: vLLM writes "<dev><suffix>,<what was set>", which for
+            # NCCL_IB_HCA would drop the "=" that makes the names exact.
+            VLLM_NIC_VARS_ENV: f"UCX_NET_DEVICES:{ports.pop()}",
+        }
+    return {"UCX_NET_DEVICES": ",".join(dict.fromkeys(f"{n.hca}:{n.port}" for n in nics))}
 
 
 def merge_env(
