@@ -171,3 +171,50 @@ def test_replica_rows_are_replaced_not_duplicated(opener: Opener) -> None:
         s.save_replicas(moved)
         s.save_replicas(res.replicas)  # unchanged rows: nothing rewritten, nothing lost
         assert s.replicas() == res.replicas
+
+
+def test_a_deployment_is_saved_in_its_plain_shape_and_old_rows_still_read(tmp_path: Path) -> None:
+    """One saved shape (issue 21): the store keeps Deployment.plain(), alone and as a
+    replica's spec, and reads it through parse_deployment. Rows written by older llmgw in
+    cattrs' default shape (enums as their values, every field spelled out) read the same."""
+    import json
+
+    from cattrs.preconf.json import make_converter
+
+    from llmgw.model.deployment import Replica
+
+    path = str(tmp_path / "state.db")
+    d = dep("a")
+    r = Replica(id="a-0", deployment="a", index=0, spec=d, generation=3)
+    with Store(path) as s:
+        s.put_deployment(d)
+        s.save_replicas({"a-0": r})
+    db = sqlite3.connect(path)
+    (spec,) = db.execute("SELECT spec FROM deployments WHERE name = 'a'").fetchone()
+    (data,) = db.execute("SELECT data FROM replicas WHERE id = 'a-0'").fetchone()
+    assert json.loads(spec) == d.plain() and json.loads(data)["spec"] == d.plain()
+    # As the store wrote them before: cattrs' default shape, with the fields of that time.
+    fields_then = ("name", "model", "engine", "gpus_per_node", "replicas", "nodes", "served_name",
+                   "gpu_memory_min", "selector", "args", "env", "startup_timeout", "strategy")
+    old = make_converter()
+    old_spec = {k: v for k, v in old.unstructure(d, Deployment).items() if k in fields_then}
+    old_replica = {**old.unstructure(r, Replica), "spec": old_spec}
+    with db:
+        db.execute("UPDATE deployments SET spec = ? WHERE name = 'a'", (json.dumps(old_spec),))
+        db.execute("UPDATE replicas SET data = ? WHERE id = 'a-0'", (json.dumps(old_replica),))
+    db.close()
+    with Store(path) as s:
+        assert s.deployments() == {"a": d} and s.replicas() == {"a-0": r}
+
+
+def test_a_row_that_is_no_deployment_is_a_store_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "state.db")
+    with Store(path) as s:
+        s.put_deployment(dep("a"))
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE deployments SET spec = ? WHERE name = 'a'",
+                   ('{"name": "a", "model": "org/m", "engine": "trt", "gpus_per_node": 1, "replicas": 1}',))
+    db.close()
+    with Store(path) as s, pytest.raises(StoreError, match="cannot read: the state database: engine: "):
+        s.deployments()
