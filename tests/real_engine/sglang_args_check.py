@@ -11,7 +11,7 @@ import sys
 from sglang.srt.server_args import ServerArgs
 
 KEYS = ("model_path", "served_model_name", "host", "port", "tp_size", "nnodes", "node_rank",
-        "dist_init_addr")
+        "dist_init_addr", "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank")
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
             out.append({"ok": False, "inexact": inexact, "error": f"exit {exc.code}"})
             continue
         out.append({"ok": True, "inexact": inexact, "args": {k: getattr(a, k, None) for k in KEYS}})
-    print(json.dumps(out))
+    print(json.dumps(out, default=str))  # SGLang keeps --lora-paths as LoRARef objects
 
 
 if __name__ == "__main__":

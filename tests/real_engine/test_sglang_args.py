@@ -18,7 +18,7 @@ import pytest
 
 from llmgw.agent.engines import build_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig
-from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+from llmgw.model.engine import Adapter, EngineKind, EngineSpec, GangSpec
 
 pytestmark = pytest.mark.real_engine
 REQUIRE_ENV = "LLMGW_REQUIRE_REAL_ENGINE"  # as conftest.py: a skip here is then a failure
@@ -40,6 +40,10 @@ def _argvs() -> dict[str, list[str]]:
         argv = build_plan(spec, cfg, "/w", gpu_indices={"GPU-a": 0}).main.argv
         assert argv[1:3] == ("-m", "sglang.launch_server")
         out[name] = list(argv[3:])
+    lora = EngineSpec("r1", 1, "q", "/models/qwen", "qwen", EngineKind.SGLANG, (), 20001,
+                      adapters=(Adapter("qwen-sql", "/models/sql"), Adapter("qwen-chat", "/models/chat")),
+                      max_loras=2, max_lora_rank=32, args=("--mem-fraction-static", "0.85"))
+    out["lora"] = list(build_plan(lora, cfg, "/w", gpu_indices={}).main.argv[3:])
     return out
 
 
@@ -72,6 +76,15 @@ def test_sglang_plans_parse(parsed: dict[str, dict]) -> None:
         a = parsed[f"rank{rank}"]["args"]
         assert (a["tp_size"], a["nnodes"], a["node_rank"], a["dist_init_addr"]) == (8, 2, rank, "10.0.0.1:29600")
         assert a["host"] == "10.0.0.2" and a["served_model_name"] == "qwen"
+
+
+def test_sglang_lora_plan_parses_as_the_adapters(parsed: dict[str, dict]) -> None:
+    a = parsed["lora"]["args"]
+    assert a["enable_lora"] is True and a["max_lora_rank"] == 32
+    assert a["max_loras_per_batch"] == 3  # SGLang counts the base-only requests as one
+    # SGLang's LoRAPathAction keeps NAME=PATH as its LoRARef list (or a dict, by version).
+    text = json.dumps(a["lora_paths"], default=str)
+    assert "qwen-sql" in text and "/models/sql" in text and "qwen-chat" in text, text
 
 
 def test_sglang_plans_use_exact_flags(parsed: dict[str, dict]) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from llmgw.agent.engines import build_plan
+from llmgw.agent.engines import LaunchPlan, build_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
 from llmgw.model.deployment import ENGINE_PORT_BLOCK
-from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+from llmgw.model.engine import Adapter, EngineKind, EngineSpec, GangSpec
 
 pytestmark = pytest.mark.real_engine
 HERE = Path(__file__).resolve().parent
@@ -48,7 +48,15 @@ def _plans() -> dict[str, tuple[str, ...]]:
         argv = plan.main.argv
         assert argv[0] == VLLM and argv[1] == "serve", argv
         out[name] = argv[1:]
+    out["single-lora"] = _lora_plan().main.argv[1:]
     return out
+
+
+def _lora_plan() -> LaunchPlan:
+    spec = attrs.evolve(_spec(None), adapters=(Adapter("llama-sql", "/models/sql"),),
+                        max_loras=2, max_lora_rank=32)
+    return build_plan(spec, _config("mp"), "/var/lib/llmgw-agent",
+                      gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
 
 
 def _parse(venv: Path, argvs: list[list[str]]) -> list[dict]:
@@ -88,6 +96,21 @@ def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict])
     assert head["headless"] is False and member["headless"] is True
     ray = parsed["ray-head"]["args"]
     assert ray["distributed_executor_backend"] == "ray" and ray["pipeline_parallel_size"] == 2
+    lora = parsed["single-lora"]["args"]
+    assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 2, 32)
+    assert single["enable_lora"] is None  # no adapters: LoRA stays off
+
+
+def test_vllm_reads_the_lora_plans_runtime_updating_switch(vllm_venv: Path) -> None:
+    """vLLM's own envs.py reads the plan's environment as runtime LoRA updating allowed:
+    without it /v1/load_lora_adapter is never mounted (serve/lora/api_router.py)."""
+    env = {k: v for k, v in _lora_plan().main.env.items() if k.startswith("VLLM_")}
+    assert env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
+    code = "import vllm.envs as e; print(e.VLLM_ALLOW_RUNTIME_LORA_UPDATING)"
+    r = subprocess.run([str(vllm_venv / "bin" / "python"), "-c", code], env={"PATH": "/usr/bin:/bin", **env},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
 
 
 def test_the_check_refuses_unknown_renamed_and_abbreviated_flags(parsed: dict[str, dict]) -> None:

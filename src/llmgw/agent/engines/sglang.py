@@ -17,6 +17,14 @@ Weights (llmgw.agent.engines.weights): `--model-path` is the copy's path where t
 holds one. SGLang 0.5.23 has no --download-dir flag (its LoadConfig.download_dir is never
 set from the command line), so a download goes where HF_HUB_CACHE says, which build_plan
 sets to the agent's download_dir.
+
+LoRA (sglang 0.5.23, srt/arg_groups/fields/lora.py): `--enable-lora --max-lora-rank R
+--max-loras-per-batch N --lora-paths NAME=PATH ...`. SGLang's batch limit counts the
+base-only requests as one adapter, so it gets the deployment's max_loras plus one. The
+adapters are given at start and never loaded at runtime: SGLang 0.5.23 has
+/load_lora_adapter, but without --lora-paths it must be told --lora-target-modules up
+front, which llmgw cannot know, and no SGLang engine runs in the test tiers to check it
+on. A change of adapters therefore rolls an SGLang deployment (Deployment.template_hash).
 """
 
 from __future__ import annotations
@@ -49,7 +57,17 @@ def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         )  # fmt: skip
     elif spec.port_base:
         argv += ("--dist-init-addr", f"{config.mgmt_addr}:{spec.port_base + SGLANG_DIST_INIT}")
-    return argv + spec.args
+    return argv + lora_argv(spec) + spec.args
+
+
+def lora_argv(spec: EngineSpec) -> tuple[str, ...]:
+    if not spec.max_loras:
+        return ()
+    argv: tuple[str, ...] = ("--enable-lora", "--max-lora-rank", str(spec.max_lora_rank),
+                             "--max-loras-per-batch", str(spec.max_loras + 1))
+    if spec.adapters:
+        argv += ("--lora-paths", *(f"{a.name}={a.path}" for a in spec.adapters))
+    return argv
 
 
 def sglang_plan(

@@ -22,6 +22,21 @@ from llmgw.errors import ConfigError, EngineError
 from llmgw.model.engine import EngineSpec, GangSpec
 
 LAUNCH_MODES = ("ray", "mp")
+# vLLM (0.32 envs.py) mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with
+# this set ("1" or "true", any case; entrypoints/serve/lora/api_router.py).
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+def lora_flags(spec: EngineSpec) -> tuple[str, ...]:
+    """LoRA enabled with the deployment's limits, and nothing else: the adapters are
+    loaded by the agent once the engine is ready (llmgw.agent.adapters), not named with
+    --lora-modules, because vLLM refuses to start when one static adapter fails to load
+    (OpenAIServingModels.init_static_loras raises): one bad adapter path would take the
+    base model down with it, where loaded at runtime it is one adapter's error."""
+    if not spec.max_loras:
+        return ()
+    return ("--enable-lora", "--max-loras", str(spec.max_loras),
+            "--max-lora-rank", str(spec.max_lora_rank))
 
 
 def _serving(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
@@ -29,6 +44,7 @@ def _serving(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--host", config.mgmt_addr,
         "--port", str(spec.port),
         "--served-model-name", spec.served_name,
+        *lora_flags(spec),
     )  # fmt: skip
 
 
@@ -88,6 +104,8 @@ def vllm_plan(
     too). Before the deployment's args, so that its own --download-dir wins."""
     if download_dir:
         spec = evolve(spec, args=("--download-dir", download_dir, *spec.args))
+    if spec.max_loras and RUNTIME_LORA_ENV not in env:
+        env = {**env, RUNTIME_LORA_ENV: "True"}
     gang = spec.gang
     if gang is None or gang.nnodes <= 1:
         argv = single_node_argv(engine, spec, config)
