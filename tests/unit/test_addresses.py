@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.config._strict import check_host_port, check_tcp_address
 from llmgw.config.addresses import AddressError, is_wildcard, parse_host_port, parse_tcp
+from llmgw.config.checks import check_host_port, check_tcp_address
 from llmgw.errors import ConfigError
 from llmgw.transport.client import check_address
 from llmgw.transport.requests import Endpoint

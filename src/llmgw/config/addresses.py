@@ -68,8 +68,8 @@ def parse_tcp(value: str, *, listen: bool = False) -> tuple[str, int]:
     `listen`: a bind, which may name every interface as `*`."""
     if value.startswith(("http://", "https://")):
         raise AddressError(
-            "an HTTP address: llmgw speaks ZeroMQ with CURVE (which replaces TLS), not HTTP; "
-            f"expected {TCP_FORM}")
+            f"expected {TCP_FORM}; this is an HTTP address, and llmgw speaks ZeroMQ with "
+            "CURVE (which replaces TLS), not HTTP")
     if not value.startswith("tcp://"):
         raise AddressError(f"expected {TCP_FORM}")
     try:

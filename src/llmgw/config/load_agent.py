@@ -18,16 +18,12 @@ from cattrs import Converter
 from cattrs.gen import make_dict_structure_fn
 
 from llmgw.config import addresses
-from llmgw.config._strict import (
-    check_key_file,
-    check_tcp_address,
-    describe,
-    make_converter,
-    read_yaml,
-    structure_file,
-)
 from llmgw.config.agent import AgentConfig, ModelDirConfig
+from llmgw.config.checks import check_key_file, check_tcp_address
+from llmgw.config.converter import make_converter
+from llmgw.config.error_paths import describe, structure_file
 from llmgw.config.metrics import check_metrics_bind
+from llmgw.config.readers import read_yaml
 from llmgw.errors import ConfigError
 
 LAUNCH_MODES = ("ray", "mp")

@@ -7,15 +7,10 @@ from functools import cache
 from cattrs import Converter
 
 from llmgw.config import addresses
-from llmgw.config._strict import (
-    check_host_port,
-    check_key_file,
-    check_readable_file,
-    check_tcp_address,
-    make_converter,
-    read_toml,
-    structure_file,
-)
+from llmgw.config.checks import check_host_port, check_key_file, check_readable_file, check_tcp_address
+from llmgw.config.converter import make_converter
+from llmgw.config.error_paths import structure_file
+from llmgw.config.readers import read_toml
 from llmgw.config.router import POLICIES, RouterConfig
 from llmgw.errors import ConfigError
 

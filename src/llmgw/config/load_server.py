@@ -10,14 +10,12 @@ from functools import cache
 
 from cattrs import Converter
 
-from llmgw.config._strict import (
-    check_tcp_address,
-    make_converter,
-    read_toml,
-    structure_file,
-)
 from llmgw.config.addresses import is_wildcard, parse_tcp
+from llmgw.config.checks import check_tcp_address
+from llmgw.config.converter import make_converter
+from llmgw.config.error_paths import structure_file
 from llmgw.config.metrics import check_metrics_bind, check_metrics_token
+from llmgw.config.readers import read_toml
 from llmgw.config.server import ServerConfig
 from llmgw.errors import ConfigError
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from llmgw.config._strict import check_host_port
 from llmgw.config.addresses import parse_host_port
+from llmgw.config.checks import check_host_port
 from llmgw.errors import ConfigError
 
 MIN_TOKEN = 16  # characters: a token is a password that travels with every scrape
