@@ -24,6 +24,7 @@ from llmgw.agent.discovery.nvml import read_gpu_memory
 from llmgw.agent.gpu_claims import mark_inventory
 from llmgw.agent.gpu_memory import GpuMemory, from_inventory
 from llmgw.agent.gpu_usage import GpuSampler
+from llmgw.agent.hca_watch import HcaHealth, serve_hca_watch
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.supervisor import Supervisor
@@ -88,6 +89,9 @@ class Agent:
         # Xid critical errors seen since the agent started: such a GPU needs a reset, so
         # the problem stays until the agent restarts (after the operator's reset).
         self.xid = XidProblems()
+        # The labelled HCAs' ports, read every few seconds: a port down or erring is a
+        # problem on its HCA in every inventory (the server moves what rides it).
+        self.hca_health = HcaHealth(quiet=disc.hca_quiet)
         # An engine whose command does not resolve: look again, so the inventory says so.
         # An engine started or gone, or a GPU released: look again, so that the server sees
         # the memory and the releasing GPUs as they are now.
@@ -188,6 +192,7 @@ class Agent:
         with self.metrics.discovery.time():
             found = await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
         own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
+        found = self.hca_health.apply(found)
         return mark_inventory(self.xid.apply(found), own, self.supervisor.releasing())
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -213,6 +218,10 @@ class Agent:
                 own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
                 self.inventory = mark_inventory(self.inventory, own, self.supervisor.releasing())
                 await nursery.start(serve_xid_watch, self._nvml, self._on_xid)
+                labelled = tuple(dict.fromkeys(h for f in self.config.fabrics for h in f.hcas))
+                await nursery.start(serve_hca_watch, self.config.discovery.ib_root, labelled,
+                                    self.hca_health, lambda: self._rediscover.set(),
+                                    self.config.discovery.hca_interval)
 
                 servers = Follower(self.config.server)
 

@@ -35,6 +35,10 @@ class DiscoveryConfig:
     simulated_gpus: int = 0
     # How often discovery runs again after start (seconds).
     interval: Duration = 60.0
+    # How often the labelled HCAs' ports are read (state, error counters), and how long a
+    # port must stay ACTIVE with quiet counters before it counts again (hca_watch.py).
+    hca_interval: Duration = 2.0
+    hca_quiet: Duration = 30.0
 
 
 @frozen

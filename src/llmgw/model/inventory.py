@@ -88,6 +88,16 @@ class Hca:
     # HCAs by it); empty: unknown.
     pci_path: tuple[str, ...] = ()
     numa_node: int | None = None
+    # Why traffic should not ride it now, one line each, from the agent's HCA watch
+    # ("port 1 DOWN (Disabled)", "port 1 symbol_error +240 in 2s"); empty: healthy. The
+    # server stops counting it in its fabric, and moves the replicas using it, until the
+    # port is ACTIVE and its error counters quiet again.
+    problems: tuple[str, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        """No problems reported, and an active port where ports are listed."""
+        return not self.problems and (not self.ports or any(p.active for p in self.ports))
 
 
 class FabricState(enum.StrEnum):

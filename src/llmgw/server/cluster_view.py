@@ -25,8 +25,9 @@ from typing import Any
 from attrs import frozen
 
 from llmgw.model.deployment import Member, Strategy
-from llmgw.model.inventory import FabricState, Gpu, Inventory, NodeInfo
+from llmgw.model.inventory import Gpu, Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server.fabrics import usable_fabrics
 
 
 @frozen
@@ -76,7 +77,8 @@ class _Node:
         self.fixed = view.used_ports | {p for p in view.blocked_ports if self.lo <= p <= self.hi}
         self.ports = set(self.fixed)
         self.ports.update(p for p, c in taken_ports.items() if c)
-        self.fabrics = {f.name: f for f in inv.fabrics if f.state != FabricState.DOWN}
+        # Fabrics not down, each with only its healthy HCAs (the HCA watch's problems).
+        self.fabrics = usable_fabrics(inv)
         names = [g.name for g in inv.gpus]
         first = names[0] if names else ""
         # The node's GPU model: the most common name (nodes are nearly always uniform).

@@ -11,9 +11,39 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attrs import evolve
+
 from llmgw.model.affinity import for_member
 from llmgw.model.deployment import Member
-from llmgw.model.inventory import FabricState, Inventory
+from llmgw.model.inventory import FabricReport, FabricState, Inventory
+
+
+def usable_fabrics(inv: Inventory) -> dict[str, FabricReport]:
+    """The fabrics a node counts in, each with only the HCAs traffic may ride: fabric name
+    -> its report, `hcas` narrowed to the healthy ones (no problems from the agent's HCA
+    watch, an active port). A fabric that is down, or whose every HCA here is unhealthy,
+    is left out: the node stops counting in it until an HCA is ACTIVE and quiet again."""
+    sick = {h.name for h in inv.hcas if not h.healthy}
+    out = {}
+    for f in inv.fabrics:
+        if f.state is FabricState.DOWN:
+            continue
+        hcas = tuple(h for h in f.hcas if h not in sick)
+        if hcas:
+            out[f.name] = f if len(hcas) == len(f.hcas) else evolve(f, hcas=hcas)
+    return out
+
+
+def sick_hcas(inv: Inventory, names: Sequence[str]) -> list[str]:
+    """Of `names` (a member's HCAs), those unhealthy now, as "mlx5_0 (port 1 DOWN)"."""
+    by_name = {h.name: h for h in inv.hcas}
+    out = []
+    for n in names:
+        h = by_name.get(n)
+        if h is not None and not h.healthy:
+            why = "; ".join(p[:80] for p in h.problems[:2]) or "no active port"
+            out.append(f"{n} ({''.join(c if c.isprintable() else '?' for c in why)})")
+    return out
 
 
 def islands(nodes: Mapping[str, Inventory]) -> list[str]:
