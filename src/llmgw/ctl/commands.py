@@ -17,7 +17,7 @@ from llmgw.ctl import render
 from llmgw.ctl.follow import follow_window, new_lines
 from llmgw.ctl.settings import default_file, resolve, servers_of
 from llmgw.errors import RequestFailedError, UsageError
-from llmgw.transport.follow import request_leader
+from llmgw.transport.client import request_leader
 from llmgw.transport.requests import (
     MAX_LOG_LINES,
     ApplyOp,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -20,7 +21,7 @@ from llmgw.errors import (
 )
 from llmgw.transport import codec
 from llmgw.transport.dealer import ZmqConnection, connect
-from llmgw.transport.follow import NotLeaderError
+from llmgw.transport.follow import LeaderClient, NotLeaderError
 from llmgw.transport.keys import load_pair, load_public
 from llmgw.transport.messages import NotLeader, Refused, Reply, Request
 from llmgw.transport.requests import Op
@@ -106,3 +107,9 @@ async def request(
     if not ok:
         raise value
     return value
+
+
+async def request_leader(servers: Sequence[str], secret_key_file: str, server_key_file: str,
+                         op: Any, timeout: float = 5.0) -> Any:
+    """`request` to whichever of `servers` leads (ctl: one request per run)."""
+    return await LeaderClient(servers, request)(secret_key_file, server_key_file, op, timeout)

@@ -107,11 +107,3 @@ class LeaderClient:
             last = ServerUnreachableError(f"no answer from {', '.join(self.follower.addresses)} "
                                           f"within {timeout:g}s")
         raise last
-
-
-async def request_leader(servers: Sequence[str], secret_key_file: str, server_key_file: str,
-                         op: Any, timeout: float = 5.0) -> Any:
-    """`client.request` to whichever of `servers` leads (ctl: one request per run)."""
-    from llmgw.transport.client import request
-
-    return await LeaderClient(servers, request)(secret_key_file, server_key_file, op, timeout)
