@@ -22,6 +22,7 @@ PURE = [
     "llmgw.server.rebuild",
     "llmgw.server.node_states",
     "llmgw.agent.converge",
+    "llmgw.agent.adapters",
     "llmgw.agent.engine_states",
     "llmgw.agent.engines.vllm",
     "llmgw.agent.engines.sglang",

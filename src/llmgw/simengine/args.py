@@ -54,6 +54,14 @@ class SimArgs:
     max_running: int = 256
     # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: stay up (health 503) when the gang breaks.
     keep_alive_on_death: bool = False
+    # LoRA as vLLM takes it: --enable-lora --max-loras --max-lora-rank, --lora-modules
+    # NAME=PATH at start, and the load/unload endpoints only with
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING ("1" or "true", any case, as vLLM's envs.py reads it).
+    lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    runtime_lora: bool = False
     unknown: tuple[str, ...] = ()
 
     @property
@@ -104,6 +112,10 @@ def _parser() -> _Parser:
     p.add_argument("--headless", action="store_true")
     p.add_argument("--distributed-executor-backend", default="")
     p.add_argument("--model", dest="model_flag", default=None)
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-loras", type=int, default=1)
+    p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--lora-modules", nargs="+", default=())
     # SGLang shape
     p.add_argument("--model-path", default=None)
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=None)
@@ -124,6 +136,13 @@ def _split_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise UsageError(f"simengine: --dist-init-addr must be HOST:PORT, got {addr!r}")
     return host.strip("[]"), int(port)
+
+
+def _lora_module(item: str) -> tuple[str, str]:
+    name, sep, path = item.partition("=")
+    if not sep or not name or not path:
+        raise UsageError(f"simengine: --lora-modules takes NAME=PATH, got {item!r}")
+    return name, path
 
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
@@ -185,5 +204,10 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
         ignore_sigterm=ignore,
         max_running=int(_knob(ns.sim_max_running, env, "LLMGW_SIM_MAX_RUNNING", 256)),
         keep_alive_on_death=env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "") in ("1", "true"),
+        lora=ns.enable_lora,
+        max_loras=ns.max_loras,
+        max_lora_rank=ns.max_lora_rank,
+        lora_modules=tuple(_lora_module(m) for m in ns.lora_modules),
+        runtime_lora=env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
         unknown=tuple(unknown),
     )

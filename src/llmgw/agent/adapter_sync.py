@@ -1,0 +1,162 @@
+"""The trio shell around adapters.py: ask a running engine which LoRA adapters it has,
+load and unload until it has the wanted ones, say what came of it.
+
+One short HTTP/1.1 exchange per call (Connection: close), as the health probe does: these
+calls are rare (an engine turning ready, a deployment's adapters changing) and must not
+share a connection with anything that could hold it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from llmgw.agent.adapters import (
+    MODELS_PATH,
+    AdapterAction,
+    SyncResult,
+    adapter_actions,
+    after,
+    answer_error,
+    loaded_adapters,
+)
+from llmgw.model.engine import Adapter
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER = 1 << 20  # a /v1/models list of hundreds of adapters is well under this
+# A load reads the adapter's weights and hands them to every worker: seconds for a big
+# one on a busy engine.
+LOAD_TIMEOUT = 120.0
+LIST_TIMEOUT = 10.0
+
+
+class EngineCallError(Exception):
+    """The engine could not be asked (refused, hung, garbled): nothing was learnt."""
+
+
+async def call(host: str, port: int, method: str, path: str, payload: Any = None, *,
+               timeout: float) -> tuple[int, bytes]:
+    """(status, body) of one request; EngineCallError when no answer came."""
+    body = b"" if payload is None else json.dumps(payload).encode()
+    head = (f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
+            "User-Agent: llmgw-agent\r\nAccept: application/json\r\n")
+    if payload is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    raw = b""
+    with trio.move_on_after(timeout) as scope:
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+            async with stream:
+                await stream.send_all(head.encode() + b"\r\n" + body)
+                while len(raw) <= MAX_ANSWER:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        break
+                    raw += chunk
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise EngineCallError(f"{method} {path}: {exc}") from None
+    if scope.cancelled_caught:
+        raise EngineCallError(f"{method} {path}: no answer within {timeout:g}s")
+    return parse_answer(raw, f"{method} {path}")
+
+
+def parse_answer(raw: bytes, what: str) -> tuple[int, bytes]:
+    """A whole HTTP/1.1 answer read to the close: its status and its (de-chunked) body."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = lines[0].split()
+    if not sep or len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
+        raise EngineCallError(f"{what}: not an HTTP answer ({raw[:80]!r})")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    if fields.get(b"transfer-encoding", b"").lower() == b"chunked":
+        body = _dechunk(body, what)
+    elif b"content-length" in fields and fields[b"content-length"].isdigit():
+        body = body[: int(fields[b"content-length"])]
+    return int(status[1]), body
+
+
+def _dechunk(data: bytes, what: str) -> bytes:
+    out = b""
+    while True:
+        size_line, sep, rest = data.partition(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0], 16)
+        except ValueError:
+            raise EngineCallError(f"{what}: bad chunked body") from None
+        if not sep or size == 0:
+            return out
+        out += rest[:size]
+        data = rest[size + 2:]
+
+
+async def sync_adapters(host: str, port: int, served_name: str, wanted: tuple[Adapter, ...],
+                        *, rid: str = "") -> SyncResult:
+    """Load and unload on the engine at host:port until it has `wanted`; what it has then.
+    EngineCallError when its list of models could not be read (nothing was changed)."""
+    status, body = await call(host, port, "GET", MODELS_PATH, timeout=LIST_TIMEOUT)
+    if status != 200:
+        raise EngineCallError(f"GET {MODELS_PATH}: {answer_error(status, body)}")
+    try:
+        loaded = loaded_adapters(body, served_name)
+    except ValueError as exc:
+        raise EngineCallError(str(exc)) from None
+    done: dict[AdapterAction, str] = {}
+    for action in adapter_actions(wanted, loaded):
+        path, payload = action.request()
+        try:
+            status, answer = await call(host, port, "POST", path, payload, timeout=LOAD_TIMEOUT)
+            err = answer_error(status, answer)
+        except EngineCallError as exc:
+            err = str(exc)
+        done[action] = err
+        verb = "loaded" if path.endswith("/load_lora_adapter") else "unloaded"
+        if err:
+            log.warning("engine %s: adapter %s not %s: %s", rid, action.name, verb, err)
+        else:
+            log.info("engine %s: adapter %s %s", rid, action.name, verb)
+    return after(loaded, done, wanted)
+
+
+# Seconds before adapters that failed to load are tried again (a path mounted late, an
+# engine busy loading another); asked again at once on every change of the wanted list.
+RETRY_AFTER = 60.0
+
+
+class AdapterKeeper:
+    """One engine's adapters: synced when it turns ready, when the wanted list changes
+    (poke), and again every RETRY_AFTER while some failed. `wanted` is asked at each sync
+    (the engine's spec may have changed meanwhile); `ready` says whether it serves now;
+    `on_result` hears each sync's outcome (on the event loop; it must not block)."""
+
+    def __init__(self, host: str, port: int, rid: str,
+                 wanted: Callable[[], tuple[str, tuple[Adapter, ...]]],
+                 ready: Callable[[], bool], on_result: Callable[[SyncResult], None]) -> None:
+        self._host, self._port, self._rid = host, port, rid
+        self._wanted, self._ready, self._on_result = wanted, ready, on_result
+        self._due = trio.Event()
+
+    def poke(self) -> None:
+        self._due.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._due.wait()
+            self._due = trio.Event()
+            if not self._ready():
+                continue  # turning ready pokes again
+            served, wanted = self._wanted()
+            try:
+                result = await sync_adapters(self._host, self._port, served, wanted, rid=self._rid)
+            except EngineCallError as exc:
+                log.warning("engine %s: cannot sync its adapters: %s", self._rid, exc)
+                result = SyncResult((), (f"cannot ask the engine: {exc}",))
+            self._on_result(result)
+            if result.errors:
+                with trio.move_on_after(RETRY_AFTER):
+                    await self._due.wait()
+                self._due.set()
