@@ -111,7 +111,7 @@ def run_router(port: int, urls: list[str]) -> None:
     import logging
 
     from llmgw.config.router import RouterConfig, RouterKeysConfig
-    from llmgw.router import serve_router
+    from llmgw.router.service import serve_router
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(message)s")
 

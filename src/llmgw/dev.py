@@ -38,6 +38,7 @@ from llmgw.config.load_agent import load_agent_config
 from llmgw.config.load_router import load_router_config
 from llmgw.config.load_server import load_server_config
 from llmgw.errors import LlmgwError, UsageError
+from llmgw.http1.client import get
 from llmgw.model.inventory import GpuSource
 from llmgw.router.service import serve_router
 from llmgw.server.service import serve_server
@@ -88,6 +89,8 @@ class DevFiles:
     agent_yaml: Path
     router_toml: Path
     server_address: str
+    server_metrics: str  # host:port of the server's /metrics and status page
+    agent_metrics: str  # host:port of the agent's /metrics
 
     @property
     def admin_key(self) -> Path:
@@ -157,29 +160,49 @@ def make_keys(keys_dir: Path) -> None:
             keys.issue_key(str(keys_dir), role, name)
 
 
-def server_port(root: Path) -> int:
-    """The port the last run in `root` gave the server, where it is still free, so that a
-    kept state folder's ctl line and ctl.toml stay the same from run to run; else any
-    free port."""
+def _kept_port(root: Path, file: str, read: Callable[[str], str], what: str) -> int:
+    """The port the last run in `root` gave `what` (the host:port or tcp:// address that
+    `read` takes out of `file`'s text), where it is still free, so that a kept state
+    folder's addresses stay the same from run to run; else any free port."""
     try:
-        bind = tomllib.loads((root / "server.toml").read_text())["bind"]
-        port = int(bind.rsplit(":", 1)[1])
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, IndexError, ValueError):
+        port = int(read((root / file).read_text()).rsplit(":", 1)[1])
+    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError, KeyError, TypeError, IndexError,
+            ValueError, AttributeError):
         return free_port()  # a first run, or a file that is not ours to trust
     if 1024 <= port <= 65535 and port_is_free(HOST, port):
         return port
     new = free_port()
-    _say(f"the server's port of the last run ({port}) is taken; it is {new} this time "
-         f"({root / 'ctl.toml'} says so)")
+    _say(f"the {what}'s port of the last run ({port}) is taken; it is {new} this time")
     return new
+
+
+def server_port(root: Path) -> int:
+    """The server's port: kept from the last run where free (ctl.toml follows it)."""
+    return _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["bind"],
+                      f"server ({root / 'ctl.toml'} says so)")
+
+
+def metrics_ports(root: Path) -> tuple[int, int]:
+    """The server's and the agent's metrics listeners: free ports, never the production
+    defaults (9464, 9465), so that a second dev, or one beside a real server or agent,
+    starts; kept from the last run where free."""
+    server = _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["metrics_bind"],
+                        "status page")
+    agent = _kept_port(root, "agent.yaml", lambda t: yaml.safe_load(t)["metrics_bind"],
+                       "agent metrics")
+    while agent == server:  # both free until bound: two picks may agree
+        agent = free_port()
+    return server, agent
 
 
 def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
     keys_dir = root / "keys"
     make_keys(keys_dir)
     address = f"tcp://{HOST}:{server_port(root)}"
+    server_metrics, agent_metrics = (f"{HOST}:{p}" for p in metrics_ports(root))
     server = {
         "bind": address,
+        "metrics_bind": server_metrics,
         "keys_dir": str(keys_dir),
         "state_dir": str(root / "server"),
         "heartbeat_interval": "1s",
@@ -197,6 +220,7 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
         "keys": {"secret_key": str(keys_dir / f"{NODE_ID}.key_secret"),
                  "server_key": str(keys_dir / "server.key")},
         "mgmt_addr": HOST,
+        "metrics_bind": agent_metrics,
         "heartbeat_interval": "1s",
         "reconnect_base": "200ms",
         "reconnect_max": "2s",
@@ -220,7 +244,7 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
                  "server_key": str(keys_dir / "server.key")},
     }
     files = DevFiles(root, keys_dir, root / "server.toml", root / "agent.yaml", root / "router.toml",
-                     address)
+                     address, server_metrics, agent_metrics)
     files.server_toml.write_text(tomli_w.dumps(server))
     files.agent_yaml.write_text(yaml.safe_dump(agent, sort_keys=False))
     files.router_toml.write_text(tomli_w.dumps(router))
@@ -297,27 +321,6 @@ def kill_leftovers(root: Path, grace: float = 5.0) -> None:
 # ---- the demo ----
 
 
-async def http_get(host: str, port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    """A one-off HTTP/1.1 GET; (status, body). (0, b"") when nothing answers in time."""
-    with trio.move_on_after(timeout):
-        try:
-            stream = await trio.open_tcp_stream(host, port)
-        except OSError:
-            return 0, b""
-        async with stream:
-            await stream.send_all(
-                f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
-            data = b""
-            while chunk := await stream.receive_some(65536):
-                data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        try:
-            return int(head.split(b" ", 2)[1]), body
-        except (IndexError, ValueError):
-            return 0, b""
-    return 0, b""
-
-
 async def wait_for_demo(files: DevFiles, admin: Callable[..., Any], router: tuple[str, int]) -> bool:
     """Wait until the demo's replicas are ready and the router serves its model."""
     name, model = DEMO["name"], DEMO["model"]
@@ -339,7 +342,7 @@ async def wait_for_demo(files: DevFiles, admin: Callable[..., Any], router: tupl
                     break
             await trio.sleep(0.5)
         while True:
-            status, body = await http_get(router[0], router[1], "/v1/models")
+            status, body = await get(router[0], router[1], "/v1/models", timeout=2.0)
             if status == 200 and model.encode() in body:
                 return True
             await trio.sleep(0.2)
@@ -364,6 +367,8 @@ async def bring_up(files: DevFiles, opts: DevOptions, router: tuple[str, int]) -
         "",
         "llmgw dev is up.",
         f"  router: {url}",
+        f"  status: http://{files.server_metrics}/  (metrics: /metrics; the agent's: "
+        f"http://{files.agent_metrics}/metrics)",
     ]
     if opts.demo:
         lines.append(f"  try:    curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'"

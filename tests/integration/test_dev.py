@@ -194,3 +194,55 @@ def test_simulated_gpus_stand_in_only_where_no_gpu_source_answers(tmp_path: Path
     assert none.source is GpuSource.NONE and none.gpus == ()
     skipped = read_gpus(DiscoveryConfig(skip_gpus=True, simulated_gpus=2), node_id="n1")
     assert skipped.source is GpuSource.SKIPPED
+
+
+def test_dev_starts_beside_the_production_metrics_ports_and_prints_the_status_page(
+    tmp_path: Path,
+) -> None:
+    """A server or agent on this machine (or another dev) holds 9464 and 9465: dev picks
+    free ports for its own metrics listeners and prints the status page's URL."""
+    held = []
+    for port in (9464, 9465):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+        except OSError:
+            s.close()  # taken already: the case under test all the same
+            continue
+        held.append(s)
+    log = tmp_path / "dev.stderr"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [*LLMGW, "dev", "--no-demo", "--router-port", "0", "--state-dir",
+             str(tmp_path / "state"), "--port-base", str(_engine_port_base())],
+            stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        try:
+            status = _wait_line(lines, seen, "status:", 60)
+        except AssertionError:
+            raise AssertionError("\n".join(seen) + "\n" + log.read_text(errors="replace")) from None
+        url = status.split()[0]
+        host_port = url.removeprefix("http://").rstrip("/")
+        assert url.startswith("http://127.0.0.1:") and not host_port.endswith((":9464", ":9465"))
+        with socket.create_connection(tuple(host_port.rsplit(":", 1)), timeout=10) as c:  # type: ignore[arg-type]
+            c.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert c.recv(100).startswith(b"HTTP/1.1 200 ")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        for s in held:
+            s.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        reader.join(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+        _kill_by_pid(_ours(tmp_path))

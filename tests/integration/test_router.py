@@ -16,7 +16,7 @@ import trio
 
 from fakes.engines import SimEngineProcess, free_port, vllm_args
 from llmgw.config.router import RouterConfig, RouterKeysConfig
-from llmgw.router import serve_router
+from llmgw.router.service import serve_router
 
 MODEL = "sim"
 

@@ -40,7 +40,7 @@ def serve(conf: str, table_file: str) -> None:
     import trio
 
     from llmgw.config.load_router import load_router_config
-    from llmgw.router import serve_router
+    from llmgw.router.service import serve_router
 
     cfg = load_router_config(conf)
     snap = json.loads(Path(table_file).read_text())

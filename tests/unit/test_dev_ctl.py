@@ -47,3 +47,18 @@ def test_a_port_taken_since_the_last_run_is_replaced_and_ctl_toml_follows(
     assert again.server_address != first.server_address
     assert f"({port}) is taken" in capsys.readouterr().out
     assert resolve(None, None, None, config=str(again.ctl_toml)).server == again.server_address
+
+
+def test_metrics_listeners_get_free_ports_kept_with_the_folder(tmp_path: Path) -> None:
+    first = dev.write_configs(tmp_path, dev.DevOptions(state_dir=str(tmp_path)), 8080)
+    binds = {first.server_metrics, first.agent_metrics}
+    assert len(binds) == 2 and not binds & {"127.0.0.1:9464", "127.0.0.1:9465"}
+    assert all(b.startswith(f"{dev.HOST}:") for b in binds)
+    again = dev.write_configs(tmp_path, dev.DevOptions(state_dir=str(tmp_path)), 8080)
+    assert (again.server_metrics, again.agent_metrics) == (first.server_metrics, first.agent_metrics)
+    # The daemons read them from the files dev wrote.
+    from llmgw.config.load_agent import load_agent_config
+    from llmgw.config.load_server import load_server_config
+
+    assert load_server_config(str(again.server_toml)).metrics_bind == again.server_metrics
+    assert load_agent_config(str(again.agent_yaml)).metrics_bind == again.agent_metrics

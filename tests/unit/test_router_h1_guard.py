@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from llmgw.config.router import RouterConfig, RouterKeysConfig
-from llmgw.router.h1 import Request
+from llmgw.http1.request import Request
 from llmgw.router.http import ClientConn
 from llmgw.router.service import Router
 

@@ -1,4 +1,4 @@
-"""Engine health: a raw HTTP/1.1 probe of GET /health and the counting around it.
+"""Engine health: an HTTP/1.1 probe of GET /health (llmgw.http1.client) and the counting around it.
 
 The counting (`HealthTracker`) is pure: it is fed probe results and the time, and says
 what changed. `watch_health` is the trio shell that probes every interval.
@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 from attrs import define
 
+from llmgw.http1.client import get
 from llmgw.model.engine import EngineKind
 
 log = logging.getLogger(__name__)
@@ -87,29 +88,8 @@ Probe = Callable[[], Awaitable[bool]]
 
 async def http_health(host: str, port: int, *, timeout: float = 2.0, path: str = "/health") -> bool:
     """True when GET `path` answers 200 within `timeout`. Refused, hung or other: False."""
-    request = (
-        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        "Connection: close\r\nUser-Agent: llmgw-agent\r\n\r\n"
-    ).encode()
-    with trio.move_on_after(timeout):
-        try:
-            stream = await trio.open_tcp_stream(host, port)
-        except OSError:
-            return False
-        async with stream:
-            try:
-                await stream.send_all(request)
-                head = b""
-                while b"\r\n" not in head and len(head) < 4096:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                return False
-        status = head.split(b"\r\n", 1)[0].split()
-        return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1] == b"200"
-    return False
+    status, _ = await get(host, port, path, timeout=timeout, head_only=True, user_agent="llmgw-agent")
+    return status == 200
 
 
 async def watch_health(

@@ -18,7 +18,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 from llmgw import __version__
 from llmgw.agent.gpu_usage import GpuSampler, GpuUsage
-from llmgw.httpserve import HttpRequest, Response, Route, serve_http
+from llmgw.http1.listen import HttpRequest, Response, Route
+from llmgw.http1.serve import serve_http
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.inventory import Inventory
 

@@ -1,9 +1,10 @@
 """The server side of HTTP/1.1, the trio shell: reads bytes, hands them to the sans-IO
-request parser (`h1.RequestParser`, where every rule lives), sends responses.
+request parser (`llmgw.http1.request.RequestParser`, where every rule lives), sends
+responses.
 
 One `ClientConn` per accepted connection. `next_request` returns the next request with its
 whole body, or None when the client is gone or the connection cannot be reused; a request
-that breaks the rules raises `h1.H1Error` with the status to answer. `Expect:
+that breaks the rules raises `H1Error` with the status to answer. `Expect:
 100-continue` is answered before the body is read. The head of a request must be all
 here within `header_timeout` (counted from the connection for the first request, from
 its first byte for later ones): else H1Error(408).
@@ -22,8 +23,9 @@ from http import HTTPStatus
 import trio
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.request import Request, RequestParser
 from llmgw.router import sockio
-from llmgw.router.h1 import H1Error, Request, RequestParser
 
 __all__ = ["ClientConn", "H1Error", "Request"]
 

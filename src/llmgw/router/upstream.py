@@ -1,9 +1,10 @@
 """Pooled keep-alive HTTP/1.1 connections to engines, and the relay of one answer.
 
-The client side reads with the pure parsers of `h1` (response head, chunk scanner,
-dechunk) rather than h11: the body of an answer is forwarded as the raw bytes that arrived
-(chunk framing checked, not rewritten), so a streamed event costs one receive and one send
-(see bench/README.md for the figures).
+The engine's answers are read by the sans-IO parsers of `llmgw.http1` (ResponseParser:
+the head, 1xx skipped, and small whole bodies; ChunkedReader: a relayed body's framing);
+this module only does the I/O. The body of a relayed answer is forwarded as the raw
+bytes that arrived (chunk framing checked, not rewritten), so a streamed event costs one
+receive and one send (see bench/README.md for the figures).
 
 `UpstreamPool.acquire` hands out an idle connection to (host, port) or dials a new one
 (TCP_NODELAY, bounded by the connect timeout). At most `max_connecting` dials per engine
@@ -29,11 +30,14 @@ import trio
 from trio.lowlevel import wait_writable
 
 from llmgw.config.router import RouterConfig
+from llmgw.http1.chunked import ChunkedReader
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.request import Request
+from llmgw.http1.response import ResponseHead, ResponseParser
 from llmgw.router import sockio
 from llmgw.router.balancer import Replica
 from llmgw.router.errors import sse_error_event
-from llmgw.router.h1 import MAX_HEAD, ChunkScanner, H1Error, ResponseHead, dechunk, parse_response_head
-from llmgw.router.http import ClientConn, Request
+from llmgw.router.http import ClientConn
 from llmgw.router.lag import LagMeter
 from llmgw.router.metrics import RouterMetrics
 
@@ -42,22 +46,18 @@ class ConnectFailed(OSError):
     """Refused, unreachable or too slow to connect: eject the replica and try another."""
 
 
-# A response that is not HTTP/1.1 as we accept it (h1's rules), or an engine that ended
-# the exchange before answering.
+# A response that is not HTTP/1.1 as we accept it (llmgw.http1's rules), or an engine
+# that ended the exchange before answering.
 ProtocolError = H1Error
 Head = ResponseHead
 
 
-def parse_head(raw: bytes) -> Head:
-    return parse_response_head(raw)
-
-
 class UpstreamConn:
-    __slots__ = ("sock", "buf", "key", "reused", "idle_since", "clean")
+    __slots__ = ("sock", "parser", "key", "reused", "idle_since", "clean")
 
     def __init__(self, sock: socket.socket, key: tuple[str, int]) -> None:
         self.sock = sock
-        self.buf = b""  # bytes received past the head
+        self.parser = ResponseParser()  # holds the bytes received past the head
         self.key = key
         self.reused = False
         self.idle_since = 0.0
@@ -73,51 +73,26 @@ class UpstreamConn:
 
     async def read_head(self) -> Head:
         """The response head (1xx skipped). EOF before it raises ProtocolError."""
-        buf = self.buf
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            while end < 0:
-                if len(buf) > MAX_HEAD:
-                    raise H1Error(502, "response head too large")
-                data = await sockio.recv(self.sock)
-                if not data:
-                    raise H1Error(502, "engine closed the connection without answering")
-                buf += data
-                end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
-            head = parse_head(buf[:end])
-            buf = buf[end + 4 :]
-            if 100 <= head.status < 200:
-                continue
-            self.buf = buf
-            return head
+        p = self.parser
+        while (head := p.head()) is None:
+            data = await sockio.recv(self.sock)
+            if data:
+                p.feed(data)
+            else:
+                p.eof()
+        return head
 
-    async def read_body(self, head: Head) -> bytes:
-        """A whole (small) body: /metrics and the like."""
-        buf, self.buf = self.buf, b""
-        if head.framing == "length":
-            while len(buf) < head.length:
-                data = await sockio.recv(self.sock)
-                if not data:
-                    raise H1Error(502, "engine closed the connection mid-body")
-                buf += data
-            self.clean = head.keep_alive and len(buf) == head.length
-            return buf[: head.length]
-        scanner = ChunkScanner() if head.framing == "chunked" else None
-        parts = []
-        while True:
-            if scanner is not None and buf:
-                fwd, done = scanner.feed(buf)
-                parts.append(fwd)
-                if done:
-                    self.clean = head.keep_alive and not scanner.extra
-                    return dechunk(b"".join(parts) + b"0\r\n\r\n")
-            elif buf:
-                parts.append(buf)
-            buf = await sockio.recv(self.sock)
-            if not buf:
-                if scanner is None:
-                    return b"".join(parts)
-                raise H1Error(502, "engine closed the connection mid-body")
+    async def read_body(self) -> bytes:
+        """The whole (small) body of the answer whose head was read: /metrics and the like."""
+        p = self.parser
+        while (body := p.body()) is None:
+            data = await sockio.recv(self.sock)
+            if data:
+                p.feed(data)
+            else:
+                p.eof()
+        self.clean = p.clean
+        return body
 
 
 class UpstreamPool:
@@ -245,7 +220,7 @@ async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, time
                 b"",
             )
             head = await c.read_head()
-            body = await c.read_body(head)
+            body = await c.read_body()
         except ProtocolError as exc:
             c.clean = False
             raise ValueError(str(exc)) from exc
@@ -345,7 +320,7 @@ class Relay:
         out = b""
         chunked_out = False
         extra = False
-        scanner: ChunkScanner | None = None
+        scanner: ChunkedReader | None = None
         send = client.sock
         # One cancel scope for the whole exchange: the first-byte deadline until the head
         # is in, then the idle deadline, pushed forward as data comes (only when it moved by
@@ -376,7 +351,7 @@ class Relay:
                 if framing == "chunked":
                     if http10:
                         raise H1Error(502, "chunked answer to an HTTP/1.0 request")
-                    scanner = ChunkScanner()
+                    scanner = ChunkedReader(502)
                     chunked_out = True
                     out = client.head(
                         status, b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
@@ -396,7 +371,7 @@ class Relay:
                     )
                 left = head.length
                 upstream = conn.sock
-                data, conn.buf = conn.buf, b""
+                data = conn.parser.take()
                 while True:
                     if data:
                         if scanner is not None:
@@ -424,7 +399,7 @@ class Relay:
                                     scope.deadline = trio.current_time() + idle
                                     await sockio.send_all(send, out[sent:])
                             ok = True
-                            conn.clean = head.keep_alive and not conn.buf and not extra
+                            conn.clean = head.keep_alive and not extra
                             if scanner is not None and scanner.extra:
                                 conn.clean = False
                             return status

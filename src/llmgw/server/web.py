@@ -16,7 +16,8 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from llmgw.config.server import ServerConfig
-from llmgw.httpserve import Handler, HttpRequest, Response, Route, serve_http
+from llmgw.http1.listen import Handler, HttpRequest, Response, Route
+from llmgw.http1.serve import serve_http
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.orchestrator import Orchestrator
 

@@ -9,10 +9,9 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.httpserve import (
+from llmgw.http1.listen import (
     MAX_TARGET,
     BadTarget,
-    BindError,
     HttpRequest,
     Response,
     Route,
@@ -20,8 +19,8 @@ from llmgw.httpserve import (
     dispatch,
     parse_target,
     render,
-    serve_http,
 )
+from llmgw.http1.serve import BindError, serve_http
 
 TOKEN = "s3cret-token-0123456789"
 

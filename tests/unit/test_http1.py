@@ -1,4 +1,4 @@
-"""The router's sans-IO HTTP/1.1 core (router/h1.py) and the JSON depth scan, rule by rule."""
+"""The sans-IO HTTP/1.1 core (llmgw.http1) and the router's JSON depth scan, rule by rule."""
 
 from __future__ import annotations
 
@@ -6,16 +6,10 @@ import json
 
 import pytest
 
-from llmgw.router.h1 import (
-    MAX_FIELDS,
-    MAX_HEAD,
-    ChunkScanner,
-    H1Error,
-    Request,
-    RequestParser,
-    dechunk,
-    parse_response_head,
-)
+from llmgw.http1.chunked import ChunkedReader, dechunk
+from llmgw.http1.grammar import MAX_FIELDS, MAX_HEAD, H1Error
+from llmgw.http1.request import Request, RequestParser
+from llmgw.http1.response import parse_response_head
 from llmgw.router.jsondepth import MAX_DEPTH, too_deep
 
 LIMIT = 8 * 1024 * 1024
@@ -276,7 +270,7 @@ def test_response_head_rules(raw: bytes) -> None:
 def test_chunk_scanner_forwards_bytes_as_they_are() -> None:
     wire = b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\n\r\n"
     for split in range(1, len(wire)):
-        s = ChunkScanner()
+        s = ChunkedReader()
         out1, done1 = s.feed(wire[:split])
         out2, done2 = (b"", True) if done1 else s.feed(wire[split:])
         assert out1 + out2 == wire[: -len(b"0\r\n\r\n")] and done2 and not s.extra
@@ -294,11 +288,11 @@ def test_chunk_scanner_forwards_bytes_as_they_are() -> None:
 )
 def test_chunk_scanner_rules(wire: bytes) -> None:
     with pytest.raises(H1Error):
-        ChunkScanner().feed(wire)
+        ChunkedReader().feed(wire)
 
 
 def test_chunk_scanner_notes_bytes_after_the_end() -> None:
-    s = ChunkScanner()
+    s = ChunkedReader()
     assert s.feed(b"0\r\n\r\nHTTP/1.1 200 OK\r\n")[1] and s.extra
 
 

@@ -1,4 +1,4 @@
-"""Properties of the router's HTTP/1.1 core: total (whatever bytes, a result or H1Error) and
+"""Properties of the HTTP/1.1 core (llmgw.http1): total (whatever bytes, a result or H1Error) and
 incremental (the same bytes split anywhere give the same result as fed at once)."""
 
 from __future__ import annotations
@@ -6,8 +6,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from llmgw.router import h1
-from llmgw.router.h1 import ChunkScanner, H1Error, RequestParser, dechunk, parse_response_head
+from llmgw.http1 import grammar, response
+from llmgw.http1.chunked import ChunkedReader, dechunk
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.request import RequestParser
+from llmgw.http1.response import parse_response_head
 from llmgw.router.jsondepth import too_deep
 
 LIMIT = 4096
@@ -137,7 +140,7 @@ def test_response_head_total(raw: bytes) -> None:
 
 
 def scan(pieces: list[bytes]) -> tuple[object, ...]:
-    s = ChunkScanner()
+    s = ChunkedReader()
     out = b""
     try:
         for piece in pieces:
@@ -214,41 +217,41 @@ def test_json_depth_total(body: bytes) -> None:
     assert too_deep(body) in (True, False)
 
 
-# The one-pass grammar check (h1._REQUEST_HEAD, _RESPONSE_HEAD) lets a head skip the
+# The one-pass grammar check (grammar.REQUEST_HEAD, _RESPONSE_HEAD) lets a head skip the
 # line-by-line checks; it may do so only for heads those checks accept. Heads near the
 # grammar (mutated valid ones) are where the two could part.
 def _slow_checks_pass(head: bytes, first_line_ok: bool) -> bool:
     lines = head.split(b"\r\n")
-    return (first_line_ok and head.count(b"\r\n") <= h1.MAX_FIELDS and not h1._bad_controls(head)
-            and all(sep and h1._TOKEN.fullmatch(name)
+    return (first_line_ok and head.count(b"\r\n") <= grammar.MAX_FIELDS and not grammar.bad_controls(head)
+            and all(sep and grammar.TOKEN.fullmatch(name)
                     for name, sep, _ in (line.partition(b":") for line in lines[1:])))
 
 
 def _request_line_ok(line: bytes) -> bool:
     parts = line.split(b" ")
-    return len(parts) == 3 and bool(h1._TOKEN.fullmatch(parts[0])) and bool(parts[1])
+    return len(parts) == 3 and bool(grammar.TOKEN.fullmatch(parts[0])) and bool(parts[1])
 
 
 @MANY
 @given(mutated([r.split(b"\r\n\r\n", 1)[0].lstrip(b"\r\n") for r in VALID_REQUESTS]))
 def test_request_fast_path_only_for_heads_the_slow_checks_accept(head: bytes) -> None:
-    if h1._REQUEST_HEAD.fullmatch(head):
+    if grammar.REQUEST_HEAD.fullmatch(head):
         assert _slow_checks_pass(head, _request_line_ok(head.split(b"\r\n", 1)[0]))
 
 
 @MANY
 @given(mutated(VALID_RESPONSES))
 def test_response_fast_path_only_for_heads_the_slow_checks_accept(head: bytes) -> None:
-    if h1._RESPONSE_HEAD.fullmatch(head):
-        assert _slow_checks_pass(head, bool(h1._STATUS.fullmatch(head.split(b"\r\n", 1)[0])))
+    if grammar.RESPONSE_HEAD.fullmatch(head):
+        assert _slow_checks_pass(head, bool(grammar.STATUS.fullmatch(head.split(b"\r\n", 1)[0])))
 
 
 def test_response_head_cache_is_bounded_and_returns_the_same_answer() -> None:
     raw = b"HTTP/1.1 200 OK\r\ncontent-length: 2"
     assert parse_response_head(raw) is parse_response_head(raw)
-    for i in range(3 * h1.HEAD_CACHE_SIZE):
+    for i in range(3 * response.HEAD_CACHE_SIZE):
         assert parse_response_head(b"HTTP/1.1 200 OK\r\ncontent-length: %d" % i).length == i
-    assert len(h1._HEAD_CACHE) <= h1.HEAD_CACHE_SIZE
-    big = b"HTTP/1.1 200 OK\r\nx: " + b"v" * h1.HEAD_CACHE_BYTES
+    assert len(response._HEAD_CACHE) <= response.HEAD_CACHE_SIZE
+    big = b"HTTP/1.1 200 OK\r\nx: " + b"v" * response.HEAD_CACHE_BYTES
     parse_response_head(big)
-    assert big not in h1._HEAD_CACHE
+    assert big not in response._HEAD_CACHE

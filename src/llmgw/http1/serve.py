@@ -1,141 +1,33 @@
-"""A small read-only HTTP listener for the server's and the agent's /metrics (and the
-server's status page): GET and HEAD, one request per connection.
+"""The small read-only HTTP listener, the trio shell: the server's and the agent's
+/metrics (and the server's status page), GET and HEAD, one request per connection.
 
-The request is read by the router's sans-IO parser (strict RFC 9112, bounded head, no
-body accepted) within `header_timeout`; routing and the token check are pure functions
-of the request; the trio shell below only reads, answers and closes. Whatever one
-connection does costs that connection: a handler's exception is logged and answered 500.
-Connections are bounded: past `max_connections` a new one is closed unanswered.
+The request is read by the sans-IO parser (`llmgw.http1.request`: strict RFC 9112,
+bounded head, no body accepted) within `header_timeout`; routing, the token check and
+the answer's bytes are pure (`llmgw.http1.listen`); this only reads, answers and closes.
+Whatever one connection does costs that connection: a handler's exception is logged and
+answered 500. Connections are bounded: past `max_connections` a new one is closed
+unanswered.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from http import HTTPStatus
-from urllib.parse import parse_qsl, unquote
+from collections.abc import Mapping
 
 import trio
-from attrs import field, frozen
 
 from llmgw.config.metrics import split_host_port
 from llmgw.errors import LlmgwError
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.listen import BadTarget, HttpRequest, Response, Route, dispatch, parse_target, plain, render
+from llmgw.http1.request import RequestParser
 from llmgw.logbound import Throttle
-from llmgw.router.h1 import H1Error, RequestParser
 
 log = logging.getLogger(__name__)
 
 HEADER_TIMEOUT = 10.0  # seconds for a request head to arrive, whole
 WRITE_TIMEOUT = 30.0  # seconds to hand over an answer (a scrape of a large cluster)
 MAX_CONNECTIONS = 64
-MAX_TARGET = 2048  # bytes of a request target: paths here are short
-
-
-@frozen
-class HttpRequest:
-    method: str
-    path: str
-    query: Mapping[str, str]
-    headers: Mapping[bytes, bytes]  # lower-case names
-
-
-@frozen
-class Response:
-    status: int
-    body: bytes = b""
-    content_type: str = "text/plain; charset=utf-8"
-    headers: tuple[tuple[str, str], ...] = field(default=())
-
-
-Handler = Callable[[HttpRequest], Awaitable[Response]]
-
-
-@frozen
-class Route:
-    handler: Handler
-    # Whether the token (when one is set) is asked for: static files of the page hold
-    # nothing of the cluster and a browser cannot add a header to a <script src>.
-    private: bool = True
-
-
-class BadTarget(LlmgwError):
-    pass
-
-
-def parse_target(target: bytes) -> tuple[str, dict[str, str]]:
-    """Origin-form `/path?query` -> (decoded path, query). Raises BadTarget."""
-    if len(target) > MAX_TARGET:
-        raise BadTarget(f"request target over {MAX_TARGET} bytes")
-    if not target.startswith(b"/"):
-        raise BadTarget("request target is not a path")
-    try:
-        text = target.decode("ascii")
-    except UnicodeDecodeError:
-        raise BadTarget("request target is not ASCII") from None
-    raw_path, _, raw_query = text.partition("?")
-    path = unquote(raw_path)
-    if "\x00" in path or any(part == ".." for part in path.split("/")):
-        raise BadTarget("request target is not a plain path")
-    query: dict[str, str] = {}
-    for k, v in parse_qsl(raw_query, keep_blank_values=True, max_num_fields=32):
-        query.setdefault(k, v)  # the first wins: one value per name
-    return path, query
-
-
-def authorized(req: HttpRequest, token: str) -> bool:
-    """No token set: everyone (the listener is on loopback). Else `Authorization: Bearer
-    TOKEN` or `?token=TOKEN`, compared in constant time."""
-    if not token:
-        return True
-    want = token.encode()
-    auth = req.headers.get(b"authorization", b"")
-    scheme, _, given = auth.partition(b" ")
-    if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), want):
-        return True
-    return hmac.compare_digest(req.query.get("token", "").encode(), want)
-
-
-def plain(status: int, text: str = "") -> Response:
-    return Response(status, (text or HTTPStatus(status).phrase).encode() + b"\n")
-
-
-def dispatch(req: HttpRequest, routes: Mapping[str, Route], token: str) -> Handler | Response:
-    """The handler for `req`, or the answer when there is none to call. Pure."""
-    route = routes.get(req.path)
-    if route is None:
-        return plain(404, "not found; try " + ", ".join(sorted(routes)))
-    if req.method not in ("GET", "HEAD"):
-        return Response(405, b"only GET and HEAD\n", headers=(("Allow", "GET, HEAD"),))
-    if route.private and not authorized(req, token):
-        return Response(401, b"a token is required: Authorization: Bearer TOKEN, or ?token=TOKEN\n",
-                        headers=(("WWW-Authenticate", 'Bearer realm="llmgw"'),))
-    return route.handler
-
-
-SECURITY_HEADERS = (
-    ("X-Content-Type-Options", "nosniff"),
-    # The page's address may carry the token: never hand it to another site.
-    ("Referrer-Policy", "no-referrer"),
-    ("Cache-Control", "no-store"),
-)
-
-
-def render(resp: Response, *, head_only: bool = False) -> bytes:
-    """The whole answer, with `Connection: close`. Pure."""
-    try:
-        reason = HTTPStatus(resp.status).phrase
-    except ValueError:
-        reason = "Unknown"
-    lines = [
-        f"HTTP/1.1 {resp.status} {reason}",
-        f"Content-Type: {resp.content_type}",
-        f"Content-Length: {len(resp.body)}",
-        "Connection: close",
-        *(f"{k}: {v}" for k, v in (*SECURITY_HEADERS, *resp.headers)),
-    ]
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + resp.body
 
 
 async def _read_request(stream: trio.abc.Stream) -> HttpRequest | Response | None:
