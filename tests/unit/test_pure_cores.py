@@ -1,5 +1,6 @@
 """The pure cores stay pure: no trio, zmq, os, time, socket or subprocess in them, nor in
-any llmgw module they import (checked on the source, with ast, transitively)."""
+any llmgw module they import, nor in the packages' `__init__.py` that importing them runs
+(checked on the source, with ast, transitively)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ PURE = [
     "llmgw.agent.gpu_release",
     "llmgw.agent.startup_deadline",
     "llmgw.model.gpu_need",
+    "llmgw.model.affinity",
+    "llmgw.model.autoscale",
+    "llmgw.model.deployment",
+    "llmgw.model.engine",
+    "llmgw.model.inventory",
+    "llmgw.model.node",
+    "llmgw.http1.grammar",
+    "llmgw.http1.chunked",
+    "llmgw.http1.request",
+    "llmgw.http1.response",
+    "llmgw.http1.listen",
+    "llmgw.transport.messages",
+    "llmgw.transport.requests",
+    "llmgw.server.fabrics",
+    "llmgw.server.intern",
+    "llmgw.router.jsondepth",
 ]
 
 
@@ -79,6 +96,9 @@ def _closure(module: str) -> dict[str, str]:
         if m in seen or not _path(m).exists():
             continue
         seen.add(m)
+        # Importing a.b.c runs a/__init__.py and a/b/__init__.py first.
+        parts = m.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
         for name in _imports(m):
             top = name.split(".")[0]
             if top in FORBIDDEN:
@@ -97,3 +117,18 @@ def test_pure_core_imports_no_io(module: str) -> None:
 def test_the_check_would_see_io() -> None:
     assert "trio" in _closure("llmgw.agent.discovery.discover")
     assert "subprocess" in _closure("llmgw.agent.discovery.gpus")
+    assert "trio" in _closure("llmgw.http1.serve")  # the shell beside the pure modules
+
+
+def test_the_check_counts_the_packages_a_module_is_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pure leaf in a package whose __init__.py loads trio is not pure to import.
+    pkg = tmp_path / "llmgw" / "pkg"
+    pkg.mkdir(parents=True)
+    (tmp_path / "llmgw" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from llmgw.pkg.shell import run\n")
+    (pkg / "shell.py").write_text("import trio\n")
+    (pkg / "leaf.py").write_text("import re\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)  # what _path reads
+    assert _closure("llmgw.pkg.leaf") == {"trio": "llmgw.pkg.shell"}
