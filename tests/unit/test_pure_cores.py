@@ -41,7 +41,6 @@ PURE = [
     "llmgw.agent.startup_deadline",
     "llmgw.model.gpu_need",
     "llmgw.model.affinity",
-    "llmgw.model.autoscale",
     "llmgw.model.deployment",
     "llmgw.model.engine",
     "llmgw.model.inventory",
