@@ -204,7 +204,7 @@ class Router:
                 names = self.table.ready_models()
                 if key is not None:
                     names = [n for n in names if key.allows(n)]
-                data = [{"id": n, "object": "model", "created": 0, "owned_by": "llmgw"} for n in names]
+                data = [self._card(n) for n in names]
                 body = json.dumps({"object": "list", "data": data}).encode()
                 await client.respond(200, JSON, body)
             elif path == b"/health":
@@ -216,6 +216,13 @@ class Router:
         except ApiError as err:
             if client.can_respond:
                 await client.respond(err.status, JSON, err.body(), extra=err.headers())
+
+    def _card(self, name: str) -> dict[str, Any]:
+        card: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+        base = self.table.bases.get(name)
+        if base is not None:  # as vLLM lists a LoRA adapter: its base as parent
+            card["parent"] = base
+        return card
 
     def _auth(self, req: Request) -> ApiKey | None:
         if self.keys is None:

@@ -1,5 +1,10 @@
 """The endpoint table: versioned snapshots from the server → one Pool per served model.
 
+An entry's `adapters` (the LoRA adapters its engine has loaded) put the same Replica in a
+Pool of each adapter's name too, so that a request whose `model` is an adapter goes only
+where it is loaded, sharing the replica's in-flight count with its base. A served name
+wins over an adapter of the same name (the server refuses such a deployment anyway).
+
 A new snapshot keeps the Replica objects of replicas it still lists (same replica_id), so
 in-flight counts, ejections and engine load carry over; a replica that left is dropped
 (requests still running on it release their count on the orphaned object, harmlessly).
@@ -30,6 +35,8 @@ class EndpointTable:
         self.replicas: dict[str, Replica] = {}
         # Served name -> why nothing of it is ready (deployed, not serving yet).
         self.waiting: dict[str, str] = {}
+        # Adapter name -> the served name of its base.
+        self.bases: dict[str, str] = {}
         self._rng = rng or random.Random()
 
     def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
@@ -45,6 +52,8 @@ class EndpointTable:
         old = self.replicas
         replicas: dict[str, Replica] = {}
         pools: dict[str, Pool] = {}
+        loaded: dict[str, list[Replica]] = {}  # adapter -> replicas that have it
+        bases: dict[str, str] = {}
         for name, entries in snap.models.items():
             members: list[Replica] = []
             for e in entries:
@@ -58,10 +67,19 @@ class EndpointTable:
                     r.ready = e.ready
                 replicas[e.replica_id] = r
                 members.append(r)
+                for adapter in e.adapters:
+                    if adapter not in snap.models and bases.setdefault(adapter, name) == name:
+                        loaded.setdefault(adapter, []).append(r)
             affinity, prefix_chars = self.policies.get(name, (False, 256))
             pools[name] = Pool(members, affinity=affinity, prefix_chars=prefix_chars, rng=self._rng)
+        for adapter, members in loaded.items():
+            # The base's policy: an adapter's prompts share prefixes as its base's do.
+            base_policy = self.policies.get(bases[adapter], (False, 256))
+            affinity, prefix_chars = self.policies.get(adapter, base_policy)
+            pools[adapter] = Pool(members, affinity=affinity, prefix_chars=prefix_chars, rng=self._rng)
         self.replicas = replicas
         self.pools = pools
+        self.bases = bases
         self.waiting = dict(snap.waiting)
         self.version = snap.version
         return True

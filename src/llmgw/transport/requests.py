@@ -120,6 +120,9 @@ class Endpoint:
     replica_id: str
     url: str = field(validator=_engine_url)
     ready: bool = True
+    # LoRA adapters its engine has loaded: the router sends an adapter's requests only
+    # here. Sent only when there are some, so a router from before adapters reads the rest.
+    adapters: tuple[str, ...] = ()
 
 
 @frozen
