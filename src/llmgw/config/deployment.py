@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from llmgw.config.autoscale import parse_autoscale
 from llmgw.config.duration import duration_from_value
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Strategy
@@ -33,6 +34,7 @@ _OPTIONAL = (
     "adapters",
     "max_loras",
     "max_lora_rank",
+    "autoscale",
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -127,6 +129,11 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         except ValueError:
             raise err("strategy", "expected spread or pack") from None
     kwargs.update(_lora(data, source, model, kwargs.get("served_name", model)))
+    if data.get("autoscale") is not None:
+        auto = kwargs["autoscale"] = parse_autoscale(data["autoscale"], source)
+        if not auto.min <= replicas <= auto.max:
+            raise err("replicas", f"{replicas} is outside autoscale's min..max ({auto.min}..{auto.max}): "
+                      "with autoscale, replicas is the count to start from")
     return Deployment(
         name=name,
         model=model,

@@ -20,6 +20,7 @@ from typing import Any
 
 from attrs import Factory, field, frozen
 
+from .autoscale import Autoscale
 from .engine import (
     DEFAULT_MAX_LORA_RANK,
     DEFAULT_MAX_LORAS,
@@ -83,6 +84,9 @@ class Deployment:
     adapters: tuple[Adapter, ...] = ()
     max_loras: int = 0
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    # Replicas that follow load (model/autoscale.py); None: `replicas` is fixed. It shapes
+    # no engine, so it is left out of template_hash.
+    autoscale: Autoscale | None = None
 
     @property
     def gang(self) -> bool:
@@ -114,6 +118,7 @@ class Deployment:
             "strategy": str(self.strategy),
             "drain_timeout": self.drain_timeout,
             **self._plain_lora(),
+            **({"autoscale": self.autoscale.plain()} if self.autoscale else {}),
         }
 
     def _plain_lora(self) -> dict[str, Any]:
