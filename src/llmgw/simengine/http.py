@@ -1,5 +1,11 @@
-"""A small HTTP/1.1 server over trio and h11: keep-alive, chunked streaming, and
-noticing a client that goes away in the middle of a response."""
+"""A small HTTP/1.1 server over trio and llmgw.http1's request parser: keep-alive,
+chunked streaming, and noticing a client that goes away in the middle of a response.
+
+Requests are read by `llmgw.http1.request.RequestParser` (the router's own rules, so the
+simulated engine is as strict as what stands in front of it); answers are written here:
+Content-Length when the length is known, else chunked (close-delimited for HTTP/1.0),
+`connection: close` when the client asked for it.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,19 @@ import json
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 from typing import Any
 
-import h11
 import trio
+
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.request import Request, RequestParser
 
 log = logging.getLogger("llmgw.simengine")
 
 MAX_BODY = 16 * 1024 * 1024
 _RECV = 65536
+_REASON = {int(s): s.phrase for s in HTTPStatus}
 
 
 class ClientGone(Exception):
@@ -30,39 +40,51 @@ _GONE = (ClientGone, trio.BrokenResourceError, trio.ClosedResourceError)
 class Exchange:
     """One request and the means to answer it."""
 
-    def __init__(
-        self, stream: trio.SocketStream, conn: h11.Connection, request: h11.Request, body: bytes
-    ) -> None:
+    def __init__(self, stream: trio.SocketStream, request: Request) -> None:
         self._stream = stream
-        self._conn = conn
         self.method = request.method.decode("ascii", "replace").upper()
         self.target = request.target.decode("ascii", "replace")
         self.path = self.target.split("?", 1)[0]
-        self.headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
-        self.body = body
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.items()}
+        self.body = request.body
         self.request_id: str | None = None  # set by the handler, for the log
         self.responded = False
+        self.ended = False
+        self.keep_alive = request.keep_alive  # whether the connection may carry another
+        self._http10 = request.http10
+        self._chunked = False
+        self._no_body = self.method == "HEAD"
 
-    async def _send(self, event: Any) -> None:
-        data = self._conn.send(event)
-        if data:
-            try:
-                await self._stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise ClientGone() from exc
+    async def _send(self, data: bytes) -> None:
+        try:
+            await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ClientGone() from exc
 
     async def start(self, status: int, content_type: str, length: int | None = None) -> None:
-        headers = [("content-type", content_type), ("server", "llmgw-simengine")]
+        lines = [f"HTTP/1.1 {status} {_REASON.get(status, '')}", f"content-type: {content_type}",
+                 "server: llmgw-simengine"]
         if length is not None:
-            headers.append(("content-length", str(length)))
+            lines.append(f"content-length: {length}")
+        elif self._http10:
+            self.keep_alive = False  # the body ends with the connection
+        elif not self._no_body:
+            self._chunked = True
+            lines.append("transfer-encoding: chunked")
+        if not self.keep_alive:
+            lines.append("connection: close")
         self.responded = True
-        await self._send(h11.Response(status_code=status, headers=headers))
+        await self._send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
     async def send_body(self, data: bytes) -> None:
-        await self._send(h11.Data(data=data))
+        if self._no_body or not data:
+            return
+        await self._send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
 
     async def end(self) -> None:
-        await self._send(h11.EndOfMessage())
+        self.ended = True
+        if self._chunked:
+            await self._send(b"0\r\n\r\n")
 
     async def send_bytes(self, status: int, content_type: str, data: bytes) -> None:
         await self.start(status, content_type, len(data))
@@ -77,33 +99,49 @@ class Exchange:
 Handler = Callable[[Exchange], Awaitable[None]]
 
 
-async def _next_event(stream: trio.SocketStream, conn: h11.Connection) -> Any:
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        data = await stream.receive_some(_RECV)
-        conn.receive_data(data)  # b"" marks the peer's end of stream
+class _Conn:
+    """One connection's parser and whether the client has closed its side."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.parser = RequestParser(MAX_BODY)
+        self.eof = False
+
+    async def next_request(self) -> Request | None:
+        """The next whole request, or None when the client is gone. Raises H1Error."""
+        p = self.parser
+        while True:
+            req = p.next()
+            if req is not None:
+                return req
+            if self.eof:
+                return None
+            if p.continue_wanted:
+                p.continue_wanted = False
+                await self.stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            data = await self.stream.receive_some(_RECV)
+            if not data:
+                self.eof = True
+                if p.in_head or p.state:
+                    raise H1Error(400, "the connection ended in the middle of a request")
+                return None
+            p.feed(bytes(data))
+
+    async def watch_eof(self, scope: trio.CancelScope) -> None:
+        """Cancel the handler when the client closes; keep any pipelined bytes."""
+        while True:
+            try:
+                data = await self.stream.receive_some(_RECV)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self.eof = True
+                scope.cancel()
+                return
+            self.parser.feed(bytes(data))
 
 
-async def _watch_eof(
-    stream: trio.SocketStream, conn: h11.Connection, scope: trio.CancelScope
-) -> None:
-    """Cancel the handler when the client closes; keep any pipelined bytes for h11."""
-    while True:
-        try:
-            data = await stream.receive_some(_RECV)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            data = b""
-        conn.receive_data(data)  # b"" marks the end: the next cycle sees ConnectionClosed
-        if not data:
-            scope.cancel()
-            return
-
-
-async def _run_handler(
-    handler: Handler, stream: trio.SocketStream, conn: h11.Connection, ex: Exchange
-) -> bool:
+async def _run_handler(handler: Handler, conn: _Conn, ex: Exchange) -> bool:
     """Run one handler; False when the client went away before it finished.
 
     The handler runs inside a nursery (beside the EOF watcher), so a ClientGone it raises
@@ -114,7 +152,7 @@ async def _run_handler(
     try:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_eof, stream, conn, scope)
+                nursery.start_soon(conn.watch_eof, scope)
                 await handler(ex)
                 completed = True
                 nursery.cancel_scope.cancel()
@@ -133,38 +171,25 @@ async def serve_connection(stream: trio.SocketStream, handler: Handler) -> None:
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
     except OSError as exc:
         log.debug("TCP_NODELAY not set: %s", exc)
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_BODY)
+    conn = _Conn(stream)
     try:
         while True:
             try:
-                event = await _next_event(stream, conn)
-                if not isinstance(event, h11.Request):
-                    return  # ConnectionClosed, or a peer that sent nothing more
-                body = bytearray()
-                while True:
-                    part = await _next_event(stream, conn)
-                    if isinstance(part, h11.Data):
-                        body += part.data
-                        if len(body) > MAX_BODY:
-                            raise h11.RemoteProtocolError("body too large", 413)
-                    elif isinstance(part, h11.EndOfMessage):
-                        break
-                    else:
-                        return
-            except h11.RemoteProtocolError as exc:
-                log.info("bad HTTP request: %s", exc)
-                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await _send_error(stream, conn, exc.error_status_hint, str(exc))
+                req = await conn.next_request()
+            except H1Error as exc:
+                log.info("bad HTTP request: %s", exc.message)
+                await _send_error(stream, exc.status, exc.message)
                 return
-            ex = Exchange(stream, conn, event, bytes(body))
-            if not await _run_handler(handler, stream, conn, ex):
+            if req is None:
                 return
-            if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+            ex = Exchange(stream, req)
+            if not await _run_handler(handler, conn, ex):
                 return
-            if conn.our_state is not h11.DONE:
+            if not ex.ended:
                 log.warning("handler for %s %s left its response unfinished", ex.method, ex.path)
                 return
-            conn.start_next_cycle()
+            if not ex.keep_alive:
+                return
     except (trio.BrokenResourceError, trio.ClosedResourceError, ClientGone) as exc:
         log.debug("connection dropped: %r", exc)
     finally:
@@ -172,22 +197,11 @@ async def serve_connection(stream: trio.SocketStream, handler: Handler) -> None:
             await stream.aclose()
 
 
-async def _send_error(
-    stream: trio.SocketStream, conn: h11.Connection, status: int, message: str
-) -> None:
+async def _send_error(stream: trio.SocketStream, status: int, message: str) -> None:
     body = json.dumps(_error(message, status)).encode()
-    headers = [
-        ("content-type", "application/json"),
-        ("content-length", str(len(body))),
-        ("connection", "close"),
-    ]
-    try:
-        data = conn.send(h11.Response(status_code=status, headers=headers)) or b""
-        data += (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
-    except h11.LocalProtocolError as exc:
-        log.info("could not answer a bad request: %s", exc)
-        return
-    await stream.send_all(data)
+    head = (f"HTTP/1.1 {status} {_REASON.get(status, '')}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("latin-1")
+    await stream.send_all(head + body)
 
 
 def _error(message: str, status: int, kind: str = "invalid_request_error") -> dict[str, Any]:
