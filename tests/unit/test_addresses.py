@@ -62,6 +62,10 @@ def test_a_zeromq_bind_may_name_every_interface_an_http_one_as_the_socket_calls_
     assert parse_host_port("[::1]:8080") == ("::1", 8080)
     with pytest.raises(ConfigError, match="router.toml: bind: .*not a host name"):
         check_host_port("router.toml", "bind", "*:8080")
+    # Port 0 (the kernel picks) only for a listener made in code, never from a file.
+    assert parse_host_port("127.0.0.1:0", any_port=True) == ("127.0.0.1", 0)
+    with pytest.raises(ConfigError, match="port 0 is outside 1..65535"):
+        check_host_port("router.toml", "bind", "127.0.0.1:0")
 
 
 def test_engine_urls_use_the_same_hosts() -> None:

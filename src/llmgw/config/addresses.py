@@ -51,14 +51,15 @@ def parse_host(host: str, *, star: bool = False) -> str:
     return host
 
 
-def parse_host_port(value: str, *, star: bool = False) -> tuple[str, int]:
-    """`HOST:PORT` -> (host without brackets, port)."""
+def parse_host_port(value: str, *, star: bool = False, any_port: bool = False) -> tuple[str, int]:
+    """`HOST:PORT` -> (host without brackets, port). `any_port`: port 0 too, for a listener
+    made in code (tests, `llmgw dev`) that lets the kernel pick; config files never may."""
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise AddressError(f"expected {HOST_PORT_FORM}")
     if not port.isascii() or not port.isdigit() or len(port) > 5:
         raise AddressError(f"port {port!r} is not a number")
-    if not 1 <= int(port) <= 65535:
+    if not (0 if any_port else 1) <= int(port) <= 65535:
         raise AddressError(f"port {int(port)} is outside 1..65535")
     return parse_host(host, star=star), int(port)
 

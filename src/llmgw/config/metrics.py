@@ -12,8 +12,9 @@ MIN_TOKEN = 16  # characters: a token is a password that travels with every scra
 
 
 def split_host_port(value: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host without brackets, port). The value was checked."""
-    return parse_host_port(value)
+    """`host:port` or `[v6]:port` -> (host without brackets, port). The value was checked
+    (a listener made in code may ask for port 0: the kernel picks)."""
+    return parse_host_port(value, any_port=True)
 
 
 def is_loopback(host: str) -> bool:

@@ -371,7 +371,8 @@ def _cancel_part(exc: BaseException) -> BaseException | None:
 
 
 def _split_bind(bind: str) -> tuple[str, int]:
-    return parse_host_port(bind)  # checked by the config loader: one grammar
+    # The config loader checked it (one grammar); in code, port 0 lets the kernel pick.
+    return parse_host_port(bind, any_port=True)
 
 
 async def serve_router(
