@@ -40,6 +40,8 @@ PURE = [
     "llmgw.agent.gpu_release",
     "llmgw.agent.startup_deadline",
     "llmgw.model.gpu_need",
+    "llmgw.model.autoscale",
+    "llmgw.server.autoscale",
     "llmgw.model.affinity",
     "llmgw.model.deployment",
     "llmgw.model.engine",
