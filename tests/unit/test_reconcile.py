@@ -17,6 +17,9 @@ S = ReplicaState
 
 
 def dep(replicas: int = 1, gpus: int = 8, nodes: int = 1, **kw: object) -> Deployment:
+    # drain_timeout 0: stops are immediate here, so each rule is seen in one pass; the
+    # drain before a stop has its own tests (test_reconcile_drain.py).
+    kw.setdefault("drain_timeout", 0.0)
     return Deployment(
         name="d",
         model="org/m",

@@ -4,7 +4,8 @@ table, under random sequences of operator and node events.
 A hypothesis state machine plays the operator (apply, spec change, scale, delete, cordon,
 uncordon, drain), the nodes (ready, suspect, lost, back) and their agents (which run
 exactly their desired set, and whose engines start, become ready, exit or turn
-unhealthy), and time. After every pass it checks what must always hold; `settle` then
+unhealthy, and report how many requests they have in flight), and time. Stops that are
+no failure drain (drain_timeout 60 s, or 0: at once). After every pass it checks what must always hold; `settle` then
 checks what must hold after quiet time with room enough.
 
 Passes run as the server runs them: incrementally, on one ReconcileState kept across
@@ -47,9 +48,9 @@ GPUS_PER_NODE = 2
 SETTINGS = ReconcileSettings(backoff_base=5.0, backoff_cap=40.0, stable_after=30.0, grace_period=60.0)
 
 
-def spec(name: str, replicas: int, variant: int) -> Deployment:
+def spec(name: str, replicas: int, variant: int, drain_timeout: float = 60.0) -> Deployment:
     return Deployment(name=name, model=f"org/{name}", engine=EngineKind.VLLM, gpus_per_node=1,
-                      replicas=replicas, args=(f"--variant={variant}",))
+                      replicas=replicas, args=(f"--variant={variant}",), drain_timeout=drain_timeout)
 
 
 class Cluster(RuleBasedStateMachine):
@@ -62,6 +63,8 @@ class Cluster(RuleBasedStateMachine):
         self.floor = 0
         # What each node's agent runs: (replica id, generation) -> the engine's state.
         self.engines: dict[str, dict[tuple[str, int], EngineState]] = {n: {} for n in NODES}
+        # Requests each engine reports in flight (absent: -1, not known).
+        self.in_flight: dict[tuple[str, int], int] = {}
         self.pending: dict[str, str] = {}
         # Whether the last event may lower the ready count (scale-down, loss, failures,
         # a spec change that has no room to surge), and the count before it.
@@ -77,8 +80,9 @@ class Cluster(RuleBasedStateMachine):
     def tell(self) -> None:
         """Deltas, as the orchestrator sends them: only what changed since last told."""
         for n, v in self.views.items():
-            delta = NodeDelta(n, v, tuple(EngineReport(rid, gen, st)
-                                          for (rid, gen), st in sorted(self.engines[n].items())))
+            delta = NodeDelta(n, v, tuple(
+                EngineReport(rid, gen, st, in_flight=self.in_flight.get((rid, gen), -1))
+                for (rid, gen), st in sorted(self.engines[n].items())))
             if self.told_nodes.get(n) != delta:
                 self.state.node(delta)
                 self.told_nodes[n] = delta
@@ -111,8 +115,16 @@ class Cluster(RuleBasedStateMachine):
                 if full.replicas.get(rid) != self.replicas.get(rid)}
         assert not diff, diff
         fresh = ReconcileState(self.views, self.replicas, reports, stable_after=SETTINGS.stable_after)
-        for attr in ("on_node", "of_deployment", "unplaced", "timed", "silent", "draining", "replicas"):
+        for attr in ("on_node", "of_deployment", "unplaced", "silent", "draining", "replicas"):
             assert getattr(self.state, attr) == getattr(fresh, attr), attr
+        # A draining replica's timer: a fresh state looks first when the routers' grace
+        # ends, and that look moves it on to drain_until, where the kept one may be now.
+        timed = dict(self.state.timed)
+        for rid, t in fresh.timed.items():
+            r = self.replicas[rid]
+            if r.state == S.DRAINING and timed.get(rid) == r.drain_until:
+                timed[rid] = t
+        assert timed == fresh.timed
         if self.state.indexed:
             assert self.state.view(self.replicas).content() == fresh.view(self.replicas).content()
         else:
@@ -136,10 +148,11 @@ class Cluster(RuleBasedStateMachine):
 
     # ---- operator ----
 
-    @rule(name=st.sampled_from(NAMES), replicas=st.integers(0, 4), variant=st.integers(0, 1))
-    def apply(self, name: str, replicas: int, variant: int) -> None:
+    @rule(name=st.sampled_from(NAMES), replicas=st.integers(0, 4), variant=st.integers(0, 1),
+          drain_timeout=st.sampled_from([60.0, 0.0]))
+    def apply(self, name: str, replicas: int, variant: int, drain_timeout: float) -> None:
         old = self.deps.get(name)
-        self.deps[name] = spec(name, replicas, variant)
+        self.deps[name] = spec(name, replicas, variant, drain_timeout)
         may_drop = old is not None and (replicas < old.replicas or old.args != self.deps[name].args)
         self.event(may_drop=may_drop)
 
@@ -182,7 +195,16 @@ class Cluster(RuleBasedStateMachine):
         self.engines[n][k] = state
         self.event(may_drop=state != EngineState.READY)
 
-    @rule(seconds=st.sampled_from([1.0, 10.0, 60.0, 300.0]))
+    @rule(data=st.data(), count=st.sampled_from([0, 2, -1]))
+    def requests(self, data: st.DataObject, count: int) -> None:
+        """An engine's agent reports its in-flight count: none, some, or not known."""
+        running = sorted(k for n in NODES for k in self.engines[n])
+        if not running:
+            return
+        self.in_flight[data.draw(st.sampled_from(running))] = count
+        self.event(may_drop=False)
+
+    @rule(seconds=st.sampled_from([1.0, 5.0, 10.0, 60.0, 300.0]))
     def time_passes(self, seconds: float) -> None:
         self.now += seconds
         self.event(may_drop=False)
@@ -253,6 +275,19 @@ class Cluster(RuleBasedStateMachine):
             d = self.deps.get(name)
             if d is not None:
                 assert now.get(name, 0) >= min(d.replicas, before), (name, before, now)
+
+    @invariant()
+    def draining_is_bounded(self) -> None:
+        """A draining replica never outlives its drain_until, and one whose engine said it
+        is idle is gone once the routers' grace is over (unless its node went silent)."""
+        for r in self.replicas.values():
+            if r.state != S.DRAINING:
+                continue
+            assert r.drain_since <= self.now < r.drain_until, (r.id, r.drain_since, r.drain_until)
+            head = r.members[0]
+            idle = self.in_flight.get((r.id, r.generation)) == 0
+            heard = self.views[head.node_id].state == NodeState.READY
+            assert not (idle and heard and self.now >= r.drain_since + SETTINGS.drain_grace), r.id
 
     @invariant()
     def replacements_point_at_replicas_of_their_deployment(self) -> None:

@@ -28,6 +28,8 @@ from llmgw.agent.gpu_claims import check_gpus
 from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
 from llmgw.agent.gpu_release import release_reasons
 from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_health
+from llmgw.agent.inflight import changed as inflight_changed
+from llmgw.agent.inflight import read_in_flight
 from llmgw.agent.logtail import tail_lines
 from llmgw.agent.plans import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
@@ -669,6 +671,8 @@ class Supervisor:
             self.on_probe(trio.current_time() - began, ok)
             if not ok:
                 return False
+            if eng.state is EngineState.READY:
+                await self._note_in_flight(eng, host, port, timeout)
             # A 200 counts only from the engine's own session: on the way to ready, and
             # every OWNER_CHECK_EVERY answers after that.
             due = eng.state is not EngineState.READY or answered % OWNER_CHECK_EVERY == 0
@@ -698,6 +702,14 @@ class Supervisor:
         await watch_health(probe, interval=self._sup.health_interval,
                            startup_timeout=eng.spec.startup_timeout, on_event=on_event,
                            deadline=deadline)
+
+    async def _note_in_flight(self, eng: _Engine, host: str, port: int, timeout: float) -> None:
+        """Read the engine's requests in flight; report when it moved between none, some
+        and unknown (inflight.py): what ends a drain early."""
+        n = await read_in_flight(host, port, timeout=timeout)
+        if inflight_changed(eng.report.in_flight, n):
+            eng.report = evolve(eng.report, in_flight=n)
+            self._call(eng.report)
 
 
 def _size(path: str) -> int:

@@ -31,6 +31,11 @@ class ServerConfig:
     restart_grace: Duration = 120.0
     # More than this share of nodes silent within one grace period: hold re-placement.
     mass_loss_share: float = 0.3
+    # A draining replica (scaled down, deleted, replaced) whose engine is idle stops no
+    # sooner than this after its drain began: every router has polled the endpoint table
+    # since (table_poll_interval, 1 s by default) and the agent has read the engine's
+    # in-flight count since (health_interval, 2 s). Raise it with either.
+    drain_grace: Duration = 6.0
     max_message_size: int = 4 * 1024 * 1024
     # host:port of the HTTP listener with /metrics (Prometheus), the status page at / and
     # /status.json. Empty: no listener. Anything but loopback needs metrics_token.

@@ -120,6 +120,13 @@ class EngineReport:
     # The weights the engine loads, one line: which copy (path, local or shared, the
     # store) or where it downloads. "": not told (an agent from before, a custom plan).
     weights: str = ""
+    # Requests the engine has running or waiting, from its own /metrics (vLLM's
+    # num_requests_running + num_requests_waiting, SGLang's num_running_reqs +
+    # num_queue_reqs), as of the agent's last report: it sends one each time the count
+    # goes between none and some, so 0 is the engine's state now, and a figure above 0
+    # says "busy" rather than how busy. -1: not known (not ready yet, no such metrics, an
+    # agent from before). A draining replica stops early only on 0 (server/drain.py).
+    in_flight: int = -1
     # Names of the LoRA adapters the engine has loaded (the router sends an adapter's
     # requests only where it is loaded), and "name: why" for each it could not load.
     adapters: tuple[str, ...] = ()

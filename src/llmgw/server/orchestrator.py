@@ -87,7 +87,8 @@ class Orchestrator:
         self.store = store
         self.config = config
         self.settings = ReconcileSettings(mass_loss_share=config.mass_loss_share,
-                                          grace_period=config.lost_after)
+                                          grace_period=config.lost_after,
+                                          drain_grace=config.drain_grace)
         self.deployments: dict[str, Deployment] = store.deployments()
         self.replicas: dict[str, Replica] = store.replicas()
         self.floor = store.generation_floor()
@@ -304,7 +305,8 @@ class Orchestrator:
             replicas = self.replicas
 
             def fresh() -> tuple[ReconcileState, ReconcileResult]:
-                st = ReconcileState(views, replicas, reports, stable_after=settings.stable_after)
+                st = ReconcileState(views, replicas, reports, stable_after=settings.stable_after,
+                                    drain_grace=settings.drain_grace)
                 return st, reconcile_dirty(st, deployments, now, settings, floor)
             return fresh
         deltas = []

@@ -15,6 +15,9 @@ Rules, in the order one pass applies them:
   generation, so the node's desired set no longer holds the old one when it returns.
 - Mass-loss guard: more than `mass_loss_share` of nodes silent within one grace period
   holds every re-placement, and `holding` says so.
+- A draining replica (a stop that is no failure: rollout.py's Pass.retire) is out of the
+  routers' tables; it stops once drain.py says so: its engine idle after the routers'
+  grace, its drain_timeout passed, or a failure.
 - Per deployment (rollout.py): a replacement that became ready retires what it replaces,
   and one no longer needed (its target's node is not draining, its spec is current) is
   dropped; scaling adds or removes replicas, stopping what serves nothing first; a
@@ -48,6 +51,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
 
+from .drain import drain_verdict
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
 from .reconcile_state import NodeDelta, ReconcileState
@@ -85,7 +89,8 @@ def reconcile(
     generation_floor: int = 0,
 ) -> ReconcileResult:
     """One pass over everything. `reports`: node id -> that node's latest engine reports."""
-    state = ReconcileState(nodes, replicas, reports, stable_after=settings.stable_after)
+    state = ReconcileState(nodes, replicas, reports, stable_after=settings.stable_after,
+                           drain_grace=settings.drain_grace)
     return reconcile_dirty(state, deployments, now, settings, generation_floor)
 
 
@@ -97,7 +102,7 @@ def reconcile_dirty(
     generation_floor: int = 0,
 ) -> ReconcileResult:
     """One pass over what changed since the last; `state` comes out current and clean.
-    `state` was made with this `settings.stable_after`."""
+    `state` was made with this `settings.stable_after` and `drain_grace`."""
     holding = _mass_loss(state, now, settings)
     if holding != state.holding:
         state.mark_everything()  # held replicas are let go, or hold with a new count
@@ -127,8 +132,13 @@ def reconcile_dirty(
         for rid in sorted(ids):
             r = p.work[rid]
             d = deployments.get(r.deployment)
+            if r.state == S.DRAINING:
+                _observe_drain(p, r)
+                if d is not None:
+                    rolled.add(r.deployment)
+                continue
             if d is None:
-                p.drop(r, "deployment deleted: stopped")
+                p.retire(r, "deployment deleted", r.spec.drain_timeout)
                 continue
             rolled.add(r.deployment)
             _observe(p, r, holding)
@@ -211,6 +221,23 @@ def _mass_loss(state: ReconcileState, now: float, s: ReconcileSettings) -> str:
             "network; no replica is placed again until they return or an operator acts"
         )
     return ""
+
+
+def _observe_drain(p: Pass, r: Replica) -> None:
+    """A draining replica: stopped once drain.py's rule says so (drained, timed out, or a
+    failure); otherwise looked at again when time may change that, or when its nodes or
+    their reports do."""
+    nodes = {m.node_id: p.node_state(m.node_id) for m in r.members}
+    reports = {}
+    for m in r.members:
+        rep = p.state.report(m.node_id, r.id, r.generation)
+        if rep is not None:
+            reports[m.node_id] = rep
+    verdict = drain_verdict(r, p.now, p.settings.drain_grace, nodes, reports)
+    if verdict.stop:
+        p.drop(r, verdict.stop)
+    else:
+        p.state.wake_at(r.id, verdict.wake)
 
 
 def _observe(p: Pass, r: Replica, holding: str) -> None:

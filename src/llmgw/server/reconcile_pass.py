@@ -11,9 +11,10 @@ from attrs import evolve, frozen
 from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.node import NodeState
 
+from .drain import DEFAULT_GRACE
 from .placement import ClusterView, Placement, place
 from .reconcile_state import ReconcileState
-from .replica_states import ReplicaEvent, next_state
+from .replica_states import ReplicaEvent, drains_first, next_state
 
 S = ReplicaState
 E = ReplicaEvent
@@ -30,6 +31,9 @@ class ReconcileSettings:
     # the cluster: in a three-node cluster one node is a third of it.
     mass_loss_min_nodes: int = 2
     grace_period: float = 60.0  # the server's lost_after: the mass-loss guard's window
+    # Seconds from a drain's start before its idle engine counts as done (drain.py): every
+    # router has dropped it from its table and the agent has read its engine since.
+    drain_grace: float = DEFAULT_GRACE
 
 
 @frozen
@@ -67,12 +71,15 @@ class Pass:
         """The deployment's replicas as they are now, by index."""
         out = self._sorted.get(deployment)
         if out is None:
-            ids = self._mine.get(deployment)
-            if ids is None:
-                ids = self._mine[deployment] = set(self.state.of_deployment.get(deployment, ()))
-            out = self._sorted[deployment] = sorted((self.work[rid] for rid in ids),
+            out = self._sorted[deployment] = sorted((self.work[rid] for rid in self._ids(deployment)),
                                                     key=lambda r: r.index)
         return list(out)
+
+    def _ids(self, deployment: str) -> set[str]:
+        ids = self._mine.get(deployment)
+        if ids is None:
+            ids = self._mine[deployment] = set(self.state.of_deployment.get(deployment, ()))
+        return ids
 
     def hash(self, spec: Deployment) -> str:
         # By id within the pass: every spec it sees stays alive until it ends (held by
@@ -109,11 +116,29 @@ class Pass:
             self.view.release(r.members)
         self.work.pop(r.id, None)
         self.touched.add(r.id)
-        self._mine.get(r.deployment, set()).discard(r.id)
+        # Known from here on even if mine() was not asked yet: a drained replica leaves
+        # before its deployment rolls, and must not be found by the roll.
+        self._ids(r.deployment).discard(r.id)
         self._sorted.pop(r.deployment, None)
         self._used.get(r.deployment, set()).discard(r.index)
         self._lowest[r.deployment] = min(self._lowest.get(r.deployment, 0), r.index)
         self.event(r, why)
+
+    def retire(self, r: Replica, why: str, drain_timeout: float) -> None:
+        """Stop `r` for a reason that is no failure (`why`: "scaled down to 2"). One that
+        serves drains first (the lifecycle table's DRAINS_FIRST): it leaves the routers'
+        tables and keeps its engines until they are idle or `drain_timeout` seconds pass
+        (drain.py; reconcile's _observe_drain ends it); anything else stops at once, as
+        does everything when `drain_timeout` is 0."""
+        if r.state == S.DRAINING:
+            return  # already leaving; its deadline stands
+        if not drains_first(r.state) or drain_timeout <= 0:
+            self.drop(r, f"{why}: stopped")
+            return
+        text = f"{why}: draining, stops once its requests finish (at most {drain_timeout:g}s)"
+        self.to(r, E.RETIRE, drain_since=self.now, drain_until=self.now + drain_timeout,
+                replaces="", reason=text)
+        self.event(r, text)
 
     def release(self, r: Replica) -> Replica:
         """Take `r` off its nodes; its state is the caller's to set."""

@@ -27,6 +27,7 @@ from llmgw.model.inventory import Gpu
 from llmgw.model.node import NodeState
 
 from .cluster_view import ClusterView, NodeView
+from .drain import DEFAULT_GRACE
 from .placement import Unschedulable
 
 S = ReplicaState
@@ -49,6 +50,7 @@ class ReconcileState:
         reports: Mapping[str, Iterable[EngineReport]] | None = None,
         *,
         stable_after: float = 60.0,
+        drain_grace: float = DEFAULT_GRACE,
     ) -> None:
         self.nodes: dict[str, NodeView] = dict(nodes or {})
         self.reports: dict[str, tuple[EngineReport, ...]] = {
@@ -75,6 +77,7 @@ class ReconcileState:
         # How long a replica stays ready before its failure count is forgotten (the
         # settings' stable_after): the timer `track` sets.
         self.stable_after = stable_after
+        self.drain_grace = drain_grace  # the settings' drain_grace: a drain's first look
         self.top_generation = 0  # the highest generation of any replica seen
         # id(spec) -> (a weak reference to it, its template hash): replicas share few
         # spec objects, and hashing one costs a JSON dump; checked by identity on use.
@@ -135,6 +138,11 @@ class ReconcileState:
             self.track(rid, old, r)
             self.dirty_replicas.add(rid)
         self.replicas = {**self.replicas, **replicas}
+
+    def wake_at(self, rid: str, when: float) -> None:
+        """Look at `rid` again at `when` though nothing else changes (a draining replica
+        whose verdict time alone may change: the routers' grace ending, its drain_until)."""
+        self.timed[rid] = when
 
     def mark_everything(self) -> None:
         self.everything = True
@@ -213,6 +221,9 @@ class ReconcileState:
             self.timed[rid] = new.backoff_until
         elif new.state == S.READY and new.restarts:
             self.timed[rid] = new.ready_since + self.stable_after
+        elif new.state == S.DRAINING:
+            # First when the routers' grace ends; that look sets the next (wake_at).
+            self.timed[rid] = min(new.drain_since + self.drain_grace, new.drain_until)
 
     def clean(self) -> None:
         self.everything = False

@@ -28,6 +28,9 @@ class ReplicaEvent(enum.StrEnum):
     CRASH_LOOP = "crash_loop"  # failed again, past the crash-loop threshold
     RESTART = "restart"  # backoff over: start again in place, with a new generation
     NODE_LOST_HELD = "node_lost_held"  # a member's node is lost, the mass-loss guard holds
+    # A stop that is no failure (scale-down, delete, replaced, rollout): a serving replica
+    # drains first (DRAINS_FIRST); again while draining only gives a new reason.
+    RETIRE = "retire"
 
 
 class InvalidReplicaTransition(LlmgwError):
@@ -58,12 +61,24 @@ TRANSITIONS: dict[tuple[ReplicaState, ReplicaEvent], ReplicaState] = {
     (S.BACKOFF, E.RESTART): S.STARTING,
     (S.CRASH_LOOPING, E.RESTART): S.STARTING,
     **{(s, E.NODE_LOST_HELD): S.HELD for s in _PLACED_STATES},
+    # Draining ends in removal (its engines' requests done, or drain_until passed, or a
+    # failure: a crash, an unhealthy engine, a lost node): no state follows; UNPLACED
+    # (every state's) is the only other way out. Engine reports move it nowhere else.
+    (S.READY, E.RETIRE): S.DRAINING,
+    (S.DRAINING, E.RETIRE): S.DRAINING,
 }
 
 # States whose replica has engines on its nodes (what the desired sets hold).
-WANTS_ENGINES = frozenset(_PLACED_STATES)
+WANTS_ENGINES = frozenset({*_PLACED_STATES, S.DRAINING})
 # States that a scale-down or a drain may stop before anything that serves.
 NOT_SERVING = frozenset({S.PENDING, S.STARTING, S.UNHEALTHY, S.BACKOFF, S.CRASH_LOOPING, S.HELD})
+# States a stop that is no failure drains first (RETIRE is valid in them); any other
+# state serves nothing a router would send it, so such a stop is immediate.
+DRAINS_FIRST = frozenset(s for (s, e) in TRANSITIONS if e == E.RETIRE)
+
+
+def drains_first(state: ReplicaState) -> bool:
+    return state in DRAINS_FIRST
 
 
 def next_state(state: ReplicaState, event: ReplicaEvent) -> ReplicaState:

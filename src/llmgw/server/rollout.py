@@ -6,6 +6,10 @@ replacement is wanted while its target must move (Pass.must_move: its node drain
 GPU it holds turned unhealthy) or runs an outdated spec; once neither holds (an uncordon,
 a healthy GPU again, a spec put back) it is dropped unless it is already ready. States
 change only through the lifecycle table (replica_states.py).
+
+Every stop here is no failure, so it goes through Pass.retire: a ready replica drains
+(out of the routers' tables, its requests finish) before it is stopped; a draining one
+is no slot, is never moved, replaced or rolled, and leaves in reconcile's _observe_drain.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ def roll_deployment(p: Pass, d: Deployment) -> None:
 
 
 def _mine(p: Pass, d: Deployment) -> list[Replica]:
-    return p.mine(d.name)
+    """The deployment's replicas that stay: draining ones are on their way out."""
+    return [r for r in p.mine(d.name) if r.state != S.DRAINING]
 
 
 def _settle_replacements(p: Pass, d: Deployment) -> None:
@@ -39,8 +44,8 @@ def _settle_replacements(p: Pass, d: Deployment) -> None:
         if old is None:
             p.put(evolve(r, replaces=""))
         elif r.state == S.READY:
-            p.drop(old, f"replaced by {r.id}, which is ready: stopped")
             p.put(evolve(r, replaces=""))
+            p.retire(old, f"replaced by {r.id}, which is ready", d.drain_timeout)
 
 
 def _still_wanted(p: Pass, new: Replica, old: Replica, new_hash: str) -> bool:
@@ -80,10 +85,10 @@ def _scale(p: Pass, d: Deployment) -> None:
         victims = sorted(slots, key=lambda r: _victim_order(p, r, new_hash))
         by_target = {r.replaces: r for r in mine if r.replaces}
         for r in victims[: len(slots) - d.replicas]:
-            p.drop(r, f"scaled down to {d.replicas}: stopped")
+            p.retire(r, f"scaled down to {d.replicas}", d.drain_timeout)
             extra = by_target.get(r.id)
             if extra is not None:
-                p.drop(extra, f"scaled down to {d.replicas}: stopped")
+                p.retire(extra, f"scaled down to {d.replicas}", d.drain_timeout)
     for _ in range(d.replicas - len(slots)):
         p.new_replica(d)
 
@@ -138,9 +143,15 @@ def _roll(p: Pass, d: Deployment) -> None:
     if new.placed:
         p.event(old, f"spec changed: {new.id} takes over once ready")
         return
-    # No room to surge: one at a time, down then up.
+    # No room to surge: one at a time, down then up. A ready one drains first; its slot
+    # is taken at once by a replica of the new spec, which waits for the room it frees.
     p.drop(new, "no room to surge")
-    _recreate(p, old, d, "spec changed; no room to surge, so down then up")
+    why = "spec changed; no room to surge, so down then up"
+    if d.drain_timeout <= 0:
+        _recreate(p, old, d, why)  # nothing to wait for: in place, under its own id
+        return
+    p.retire(old, why, d.drain_timeout)
+    p.new_replica(d)
 
 
 def _recreate(p: Pass, r: Replica, d: Deployment, why: str) -> None:
