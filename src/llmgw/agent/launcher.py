@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from llmgw.agent import preflight_run
 from llmgw.agent.engines import count_ray_nodes
 from llmgw.agent.engines.ray import CLIENT_SERVER_FLAG, without_client_server_port
 
@@ -97,6 +98,9 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1]) as f:
         plan = json.load(f)
+    # A gang member's collective pre-flight (issue 22), before anything of the engine runs.
+    if plan.get("preflight") and not preflight_run.run(plan["preflight"]):
+        return 3
     children = []  # kept: they live on in the main process once it execs
     for proc in plan["pre"]:
         pre_argv = _ray_start_argv(list(proc["argv"]), proc["env"])

@@ -13,11 +13,13 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
-from llmgw.agent import procs
+from llmgw.agent import preflight_probe, procs
+from llmgw.agent.discovery.engine_check import resolve
+from llmgw.agent.discovery.engine_meta import shebang_interpreter
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
 from llmgw.config.agent import AgentConfig
 from llmgw.model.affinity import GpuHca, for_member
-from llmgw.model.engine import EngineSpec
+from llmgw.model.engine import EngineKind, EngineSpec
 from llmgw.model.inventory import Inventory, StorageReport
 
 # (spec, GPU UUID -> NVML index read on the node right before the spawn) -> the plan.
@@ -47,10 +49,39 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
         if inventory is not None and spec.gang is not None and spec.gang.hcas:
             inv = inventory()
             nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
+        probe = probe_command(spec, config, python) if spec.gang and spec.gang.preflight else ("", "")
         return build_plan(spec, config, config.supervisor.work_dir, python=python,
-                          gpu_indices=gpu_indices, weights=weights, nics=nics)
+                          gpu_indices=gpu_indices, weights=weights, nics=nics, probe=probe)
 
     return plan
+
+
+def interpreter_of(path: str) -> str:
+    """The Python that runs `path` (a console script's #! interpreter, or itself); ""."""
+    if not path or "python" in os.path.basename(path):
+        return path
+    try:
+        with open(path, "rb") as f:
+            return shebang_interpreter(f.readline(1024))
+    except OSError:
+        return ""
+
+
+def probe_command(spec: EngineSpec, config: AgentConfig, python: str) -> tuple[str, str]:
+    """(interpreter, script) of the pre-flight probe for `spec`: the engine's own Python
+    (it has torch; the agent's need not), unless engines.preflight_python names one;
+    llmgw's probe unless engines.preflight_probe names another. A vLLM whose binary does
+    not resolve gives "" here, and the start fails on the binary as it would without."""
+    eng = config.engines
+    interpreter = eng.preflight_python
+    if not interpreter:
+        if spec.engine is EngineKind.VLLM:
+            interpreter = interpreter_of(resolve(eng.vllm.bin)[0])
+        elif spec.engine is EngineKind.SGLANG:
+            interpreter = eng.sglang.python
+        else:
+            interpreter = eng.simulated_python or python
+    return interpreter, eng.preflight_probe or preflight_probe.__file__
 
 
 def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
@@ -61,7 +92,7 @@ def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
         return {**base, **p.env, procs.REPLICA_ENV: tag}
 
     main = plan.main
-    if len(plan.processes) == 1 and not plan.wait_for_ray_nodes:
+    if len(plan.processes) == 1 and not plan.wait_for_ray_nodes and plan.preflight is None:
         return procs.spawn(main.argv, env=env_of(main), cwd=main.cwd or None, log_path=log_path)
     doc = {
         "pre": [{"name": p.name, "argv": list(p.argv), "env": env_of(p), "cwd": p.cwd}
@@ -71,6 +102,12 @@ def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
         "wait_for_ray_nodes": plan.wait_for_ray_nodes,
         "ray_status_argv": list(plan.ray_status_argv),
     }
+    pre = plan.preflight
+    if pre is not None:
+        doc["preflight"] = {"name": pre.process.name, "argv": list(pre.process.argv),
+                            "env": env_of(pre.process), "cwd": pre.process.cwd,
+                            "timeout": pre.timeout, "required": pre.required,
+                            "min_busbw_gbps": pre.min_busbw_gbps, "result": pre.result_path}
     path = os.path.join(folder, "plan.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -35,6 +35,9 @@ _OPTIONAL = (
     "max_loras",
     "max_lora_rank",
     "autoscale",
+    "preflight",
+    "preflight_timeout",
+    "preflight_min_busbw",
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -129,6 +132,7 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         except ValueError:
             raise err("strategy", "expected spread or pack") from None
     kwargs.update(_lora(data, source, model, kwargs.get("served_name", model)))
+    kwargs.update(_preflight(data, source))
     if data.get("autoscale") is not None:
         auto = kwargs["autoscale"] = parse_autoscale(data["autoscale"], source)
         if not auto.min <= replicas <= auto.max:
@@ -142,6 +146,37 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         replicas=replicas,
         **kwargs,
     )
+
+
+def _preflight(data: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """preflight (required, best_effort, off), preflight_timeout (a duration above zero),
+    preflight_min_busbw (GB/s, zero or more)."""
+    out: dict[str, Any] = {}
+    if "preflight" in data:
+        mode = data["preflight"]
+        if mode not in PREFLIGHT_MODES:
+            raise DeploymentError(source, "preflight", f"expected one of {', '.join(PREFLIGHT_MODES)}, "
+                                  f"got {_show(mode)}")
+        out["preflight"] = mode
+    if "preflight_timeout" in data:
+        try:
+            timeout = duration_from_value(data["preflight_timeout"])
+        except ValueError as exc:
+            raise DeploymentError(source, "preflight_timeout", str(exc)) from None
+        if timeout <= 0:
+            raise DeploymentError(source, "preflight_timeout", "expected a duration above zero "
+                                  f"such as 60s, got {_show(data['preflight_timeout'])}")
+        out["preflight_timeout"] = timeout
+    if "preflight_min_busbw" in data:
+        v = data["preflight_min_busbw"]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e6:
+            raise DeploymentError(source, "preflight_min_busbw", "expected GB/s of bus bandwidth, "
+                                  f"zero or more, got {_show(v)}")
+        out["preflight_min_busbw"] = float(v)
+    return out
+
+
+PREFLIGHT_MODES = ("required", "best_effort", "off")
 
 
 # An adapter's name is a `model` clients send, and vLLM's --lora-modules reads NAME=PATH.

@@ -87,10 +87,25 @@ class Deployment:
     # Replicas that follow load (model/autoscale.py); None: `replicas` is fixed. It shapes
     # no engine, so it is left out of template_hash.
     autoscale: Autoscale | None = None
+    # The collective pre-flight each member runs before its engine (issue 22): "required",
+    # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang
+    # replica (the simulated engine's would need a torch it does not bring: asked for
+    # only). Like drain_timeout it shapes no engine: out of template_hash.
+    preflight: str = ""
+    preflight_timeout: float = 60.0
+    preflight_min_busbw: float = 0.0  # GB/s at the largest size; 0: no floor
 
     @property
     def gang(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def preflight_mode(self) -> str:
+        """The pre-flight its members run: "required", "best_effort" or "" (none)."""
+        if not self.gang:
+            return ""
+        mode = self.preflight or ("off" if self.engine is EngineKind.SIMULATED else "required")
+        return "" if mode == "off" else mode
 
     @property
     def lora_slots(self) -> int:
@@ -119,7 +134,19 @@ class Deployment:
             "drain_timeout": self.drain_timeout,
             **self._plain_lora(),
             **({"autoscale": self.autoscale.plain()} if self.autoscale else {}),
+            **self._plain_preflight(),
         }
+
+    def _plain_preflight(self) -> dict[str, Any]:
+        # Only what is set, as for LoRA: older shapes travel unchanged.
+        out: dict[str, Any] = {}
+        if self.preflight:
+            out["preflight"] = self.preflight
+        if self.preflight_timeout != 60.0:
+            out["preflight_timeout"] = self.preflight_timeout
+        if self.preflight_min_busbw:
+            out["preflight_min_busbw"] = self.preflight_min_busbw
+        return out
 
     def _plain_lora(self) -> dict[str, Any]:
         # Only what is set: a deployment without adapters travels as it did before them.
@@ -272,6 +299,9 @@ class Replica:
                     hcas=m.hcas,
                     ray_port=head.ray_port,
                     ray_port_base=m.ray_port_base,
+                    preflight=d.preflight_mode,
+                    preflight_timeout=d.preflight_timeout,
+                    preflight_min_busbw=d.preflight_min_busbw,
                 )
             out.append(
                 EngineSpec(

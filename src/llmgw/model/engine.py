@@ -48,6 +48,13 @@ class GangSpec:
     ray_port: int = 0  # GCS port of this replica's own Ray cluster (launch_mode ray)
     # First of a block of ports on this node reserved for this replica's Ray processes.
     ray_port_base: int = 0
+    # The pre-flight before the engine (issue 22, agent/engines/preflight.py): "required"
+    # (the engine starts only if the probe passed), "best_effort" (it starts anyway) or ""
+    # (none). Bounded by preflight_timeout seconds; below preflight_min_busbw GB/s of bus
+    # bandwidth the probe fails (0: correctness and time only).
+    preflight: str = ""
+    preflight_timeout: float = 60.0
+    preflight_min_busbw: float = 0.0
 
 
 @frozen

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from attrs import evolve
 
 from llmgw.agent.engines.env import GPU_UUIDS_ENV, default_env, gpu_index_list, merge_env
-from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
+from llmgw.agent.engines.plan import LaunchPlan, Preflight, ProcessPlan
+from llmgw.agent.engines.preflight import preflight_for
 from llmgw.agent.engines.ray import RAY_PORT_BLOCK_SIZE, count_ray_nodes
 from llmgw.agent.engines.sglang import sglang_plan
 from llmgw.agent.engines.simulated import simulated_plan
@@ -25,6 +26,7 @@ __all__ = [
     "GPU_UUIDS_ENV",
     "RAY_PORT_BLOCK_SIZE",
     "LaunchPlan",
+    "Preflight",
     "ProcessPlan",
     "Weights",
     "build_plan",
@@ -73,6 +75,7 @@ def build_plan(
     gpu_indices: Mapping[str, int],
     weights: Weights | None = None,
     nics: tuple[GpuHca, ...] = (),
+    probe: tuple[str, str] = ("", ""),
 ) -> LaunchPlan:
     """The processes to start for `spec` on this node.
 
@@ -90,6 +93,9 @@ def build_plan(
 
     `nics` (llmgw.model.affinity.for_member, from this node's inventory): each placed
     GPU's nearest HCA of the gang's fabric, for UCX and vLLM's GPU -> NIC map (env.nic_env).
+
+    `probe` (python, script): how the pre-flight a gang asks for is run (preflight.py),
+    with the engine's own environment; ("", ""): none is run.
     """
     _check(spec)
     indices = gpu_index_list(spec, gpu_indices)
@@ -112,4 +118,5 @@ def build_plan(
         plan = simulated_plan(spec, config, python, env, cwd, overrides)
     else:
         raise EngineError(f"replica {spec.replica_id}: no launch plan for engine {spec.engine!r}")
-    return evolve(plan, gpus=tuple(zip(spec.gpus, indices, strict=True)))
+    pre = preflight_for(spec, plan.main.env, probe[0], probe[1], cwd) if all(probe) else None
+    return evolve(plan, gpus=tuple(zip(spec.gpus, indices, strict=True)), preflight=pre)

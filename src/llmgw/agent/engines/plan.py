@@ -23,6 +23,21 @@ class ProcessPlan:
 
 
 @frozen
+class Preflight:
+    """The probe the launcher runs before the earlier processes and the engine
+    (llmgw.agent.engines.preflight): bounded by `timeout` seconds, its result written to
+    `result_path`; `required`: the engine starts only if it passed (else best effort)."""
+
+    process: ProcessPlan
+    timeout: float = 60.0
+    required: bool = True
+    # Below this bus bandwidth (GB/s, at the largest size) it fails; 0: correctness and
+    # time only (CPU, or no floor asked for).
+    min_busbw_gbps: float = 0.0
+    result_path: str = ""
+
+
+@frozen
 class LaunchPlan:
     processes: tuple[ProcessPlan, ...]  # started in order; the last is the main process
     # Whether GET /health on the spec's port tells the engine's health. False for gang
@@ -39,6 +54,8 @@ class LaunchPlan:
     # (GPU UUID, NVML index) per placed GPU, in CUDA_VISIBLE_DEVICES order: for the log
     # and the engine's record (the environment carries the UUIDs as LLMGW_GPU_UUIDS too).
     gpus: tuple[tuple[str, int], ...] = ()
+    # Gang members: the collective pre-flight to pass before anything starts; None: none.
+    preflight: Preflight | None = None
 
     @property
     def main(self) -> ProcessPlan:
