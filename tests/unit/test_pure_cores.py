@@ -19,6 +19,7 @@ PURE = [
     "llmgw.server.reconcile",
     "llmgw.server.reconcile_pass",
     "llmgw.server.rollout",
+    "llmgw.server.adapters",
     "llmgw.server.replica_states",
     "llmgw.server.rebuild",
     "llmgw.server.node_states",

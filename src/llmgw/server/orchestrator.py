@@ -33,6 +33,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server import adapters
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
 from llmgw.server.rebuild import adoptable, rebuild
@@ -416,9 +417,14 @@ class Orchestrator:
         old = self.deployments.get(d.name)
         if old == d:
             return {"deployment": d.name, "changed": False}
+        clash = adapters.name_conflict(d, self.deployments)
+        if clash:
+            raise RequestError(f"deployment {d.name!r}: {clash}")
         await trio.to_thread.run_sync(self.store.put_deployment, d, now)
         self.deployments[d.name] = d
         what = "created" if old is None else "updated"
+        note = adapters.apply_note(old, d)
+        what += f" ({note})" if note else ""
         await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(now, d.name, "", what)])
         self.mark_deployment(d.name)
         return {"deployment": d.name, "changed": True, "action": what}
@@ -542,11 +548,26 @@ class Orchestrator:
                 continue
             mine = [r for r in self.replicas.values() if r.deployment == name]
             out[d.served_name] = not_ready_reason(d, mine, self.pending)
+        if any(d.adapters for d in self.deployments.values()):
+            loaded: dict[str, set[str]] = {}
+            for entries in self._endpoint_rows().values():
+                for e in entries:
+                    if e["ready"]:
+                        loaded.setdefault(e["served"], set()).update(e.get("adapters", ()))
+            errors = adapters.adapter_errors(
+                rep for n in self.cp.nodes.values() for rep in n.engines.values())
+            for name, why in adapters.adapters_waiting(self.deployments, loaded, errors).items():
+                out.setdefault(name, why)
         return out
 
     def endpoint_table(self) -> dict[str, list[dict[str, Any]]]:
         """Served name -> replicas. A suspect node's replicas stay: the router judges by
         whether the engine answers. A lost node's do not."""
+        rows = self._endpoint_rows()
+        return {name: [{k: v for k, v in e.items() if k != "served"} for e in entries]
+                for name, entries in rows.items()}
+
+    def _endpoint_rows(self) -> dict[str, list[dict[str, Any]]]:
         table: dict[str, list[dict[str, Any]]] = {}
         for r in sorted(self.replicas.values(), key=lambda r: r.id):
             if not r.endpoint or r.state not in (ReplicaState.READY, ReplicaState.UNHEALTHY,
@@ -555,8 +576,15 @@ class Orchestrator:
             head = self.cp.nodes.get(r.members[0].node_id)
             if head is None or head.state == NodeState.LOST and r.state != ReplicaState.HELD:
                 continue
-            table.setdefault(r.spec.served_name, []).append(
-                {"replica_id": r.id, "url": r.endpoint, "ready": r.state == ReplicaState.READY})
+            row: dict[str, Any] = {"replica_id": r.id, "url": r.endpoint,
+                                   "ready": r.state == ReplicaState.READY,
+                                   "served": r.spec.served_name}
+            # The adapters its head engine reports loaded; the key only where there are
+            # some, so a router from before adapters reads the table as before.
+            loaded = adapters.replica_adapters(r, head.engines.get(r.id))
+            if loaded:
+                row["adapters"] = list(loaded)
+            table.setdefault(r.spec.served_name, []).append(row)
         return table
 
     def note_events(self, events: list[StoredEvent]) -> None:

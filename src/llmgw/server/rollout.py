@@ -18,12 +18,14 @@ from attrs import evolve
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 
+from .adapters import refresh_adapters
 from .reconcile_pass import Pass
 
 S = ReplicaState
 
 
 def roll_deployment(p: Pass, d: Deployment) -> None:
+    refresh_adapters(p, d)
     _settle_replacements(p, d)
     _drop_unneeded_replacements(p, d)
     _scale(p, d)
@@ -99,7 +101,7 @@ DRAIN_STUCK = "draining, with nowhere to move"
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     replaced = {r.replaces: r for r in mine if r.replaces}
-    if not replaced and not p.state.draining and not p.state.sick:
+    if not replaced and not p.state.draining and not p.state.sick and not p.state.sick_hcas:
         return  # nothing drains or ails, nothing is being replaced: no replica to look at
     for r in mine:
         if r.id in replaced:
