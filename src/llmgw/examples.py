@@ -44,6 +44,8 @@ EXAMPLES: tuple[Example, ...] = (
     Example("deployment-multinode", "conf/deployments/llama-405b.yaml",
             "a vLLM replica across nodes of one fabric"),
     Example("deployment-sglang", "conf/deployments/qwen-sglang.yaml", "an SGLang deployment"),
+    Example("deployment-lora", "conf/deployments/llama-8b-lora.yaml",
+            "a vLLM deployment serving LoRA adapters by name"),
     Example("grafana", "conf/grafana/llmgw.json", "the Grafana dashboard"),
     Example("server-unit", "systemd/llmgw-server.service", "systemd unit of the server"),
     Example("agent-unit", "systemd/llmgw-agent.service", "systemd unit of the agent"),
