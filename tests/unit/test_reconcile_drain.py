@@ -109,8 +109,8 @@ def test_scale_down_drains_the_replica_then_stops_it_when_idle() -> None:
     gone = next(rid for rid, st in w.states().items() if st == S.DRAINING)
     r = w.replicas[gone]
     assert (r.drain_since, r.drain_until) == (w.now, w.now + 60.0)
-    assert "scaled down to 1: draining, stops once its requests finish (at most 60s)" in r.reason
-    assert any(e.replica == gone and "draining" in e.text for e in res.events)
+    assert r.reason == "scaled down to 1; stops once its requests finish, at most 60s"
+    assert any(e.replica == gone and e.text == f"draining: {r.reason}" for e in res.events)
     # Its engines stay wanted: nothing is stopped yet, so no node's set changes.
     assert not res.changed_nodes
     assert any(s.replica_id == gone for specs in desired_sets(w.replicas.values()).values()

@@ -70,6 +70,12 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "labels": dict(node.info.labels),
         "fabrics": [{"name": f.name, "state": str(f.state), "hcas": list(f.hcas)}
                     for f in inv.fabrics],
+        # Each HCA's ports and what the HCA watch says (issue 22): one with problems does
+        # not count in its fabric, and the replicas riding it are moved.
+        "hcas": [{"name": h.name, "healthy": h.healthy, "problems": list(h.problems),
+                  "ports": [{"number": p.number, "state": p.state, "rate_gbps": p.rate_gbps}
+                            for p in h.ports]}
+                 for h in inv.hcas],
         "gpus": _gpus(inv),
         "gpu_source": str(inv.gpu_source),
         "storage": _storage(inv.storage),
@@ -108,6 +114,10 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
     if r.state in (ReplicaState.BACKOFF, ReplicaState.CRASH_LOOPING):
         row["backoff_until"] = r.backoff_until
         row["last_log_tail"] = list(r.last_log_tail)
+    elif r.state == ReplicaState.DRAINING:
+        # Out of the routers' tables since drain_since; stopped by drain_until at the latest.
+        row["drain_since"] = r.drain_since
+        row["drain_until"] = r.drain_until
     return row
 
 
