@@ -127,7 +127,7 @@ class ChunkedReader:
         assert limit is not None and self.body is not None
         self._wire += line + size + 2
         if len(self.body) + size > limit:
-            raise H1Error(self.over, f"body is larger than {limit} bytes")
+            raise H1Error(self.over, f"request body is larger than {limit} bytes")
         if self._wire > 2 * limit + MAX_HEAD:
             raise H1Error(self.over, "chunked framing much larger than the body limit")
 

@@ -89,13 +89,14 @@ def content_length(value: bytes, limit: int, status_over: int, status_bad: int) 
 
 
 def fields(
-    lines: list[bytes], checked: bool, status: int, limit: int, status_over: int
+    lines: list[bytes], checked: bool, status: int, limit: int, status_over: int, where: str = ""
 ) -> tuple[dict[bytes, bytes], int, bytes | None]:
     """The header fields of a head (`lines[1:]`, after the start line): (lower-case name
     -> value, a repeated field: the last; Content-Length or -1; the Transfer-Encoding
     values joined by commas or None). `checked`: the one-pass pattern accepted the head,
     so its lines need no check here. Content-Length is bounded by `limit` (over it:
-    `status_over`) and may repeat only with the same value."""
+    `status_over`) and may repeat only with the same value; `where` ends that message
+    (" in the response")."""
     headers: dict[bytes, bytes] = {}
     length = -1
     te: bytes | None = None
@@ -108,7 +109,7 @@ def fields(
         if name == b"content-length":
             n = content_length(value, limit, status_over, status)
             if length >= 0 and n != length:
-                raise H1Error(status, "two different content-length values")
+                raise H1Error(status, f"two different content-length values{where}")
             length = n
         elif name == b"transfer-encoding":
             te = value if te is None else te + b"," + value

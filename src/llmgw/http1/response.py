@@ -76,7 +76,8 @@ def _parse_response_head(raw: bytes) -> ResponseHead:
         m = STATUS.fullmatch(lines[0])
         if m is None:
             raise H1Error(502, f"bad status line {show(lines[0], 80)}")
-    headers, length, te = fields(lines, checked, 502, 10**MAX_LENGTH_DIGITS - 1, 502)
+    headers, length, te = fields(lines, checked, 502, 10**MAX_LENGTH_DIGITS - 1, 502,
+                                " in the response")
     ka = m.group(1) == b"1"
     conn = headers.get(b"connection")
     if conn is not None:
@@ -105,7 +106,7 @@ class ResponseParser:
     `clean` is set when a whole body ended exactly where the engine said, on a connection
     it keeps open (it may carry the next exchange)."""
 
-    __slots__ = ("buf", "closed", "scan", "current", "clean", "_chunks", "_parts")
+    __slots__ = ("buf", "closed", "scan", "current", "clean", "_chunks", "_parts", "_have")
 
     def __init__(self) -> None:
         self.buf = b""
@@ -115,6 +116,7 @@ class ResponseParser:
         self.clean = False
         self._chunks: ChunkedReader | None = None
         self._parts: list[bytes] = []
+        self._have = 0  # bytes in _parts
 
     def feed(self, data: bytes) -> None:
         self.buf = self.buf + data if self.buf else data
@@ -143,6 +145,7 @@ class ResponseParser:
             self.clean = False
             self._chunks = ChunkedReader(502, keep=True) if head.framing == "chunked" else None
             self._parts = []
+            self._have = 0
             return head
 
     def take(self) -> bytes:
@@ -157,8 +160,8 @@ class ResponseParser:
         data, self.buf = self.buf, b""
         if head.framing == "length":
             self._parts.append(data)
-            have = sum(len(p) for p in self._parts)
-            if have < head.length:
+            self._have += len(data)
+            if self._have < head.length:
                 if self.closed:
                     raise H1Error(502, "engine closed the connection mid-body")
                 return None
@@ -182,4 +185,5 @@ class ResponseParser:
         self.current = None
         self._chunks = None
         self._parts = []
+        self._have = 0
         return body
