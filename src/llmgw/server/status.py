@@ -70,12 +70,6 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "labels": dict(node.info.labels),
         "fabrics": [{"name": f.name, "state": str(f.state), "hcas": list(f.hcas)}
                     for f in inv.fabrics],
-        # Each HCA's ports and what the HCA watch says (issue 22): one with problems does
-        # not count in its fabric, and the replicas riding it are moved.
-        "hcas": [{"name": h.name, "healthy": h.healthy, "problems": list(h.problems),
-                  "ports": [{"number": p.number, "state": p.state, "rate_gbps": p.rate_gbps}
-                            for p in h.ports]}
-                 for h in inv.hcas],
         "gpus": _gpus(inv),
         "gpu_source": str(inv.gpu_source),
         "storage": _storage(inv.storage),
