@@ -101,7 +101,7 @@ DRAIN_STUCK = "draining, with nowhere to move"
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     replaced = {r.replaces: r for r in mine if r.replaces}
-    if not replaced and not p.state.draining and not p.state.sick and not p.state.sick_hcas:
+    if not replaced and not p.state.draining and not p.state.sick:
         return  # nothing drains or ails, nothing is being replaced: no replica to look at
     for r in mine:
         if r.id in replaced:
