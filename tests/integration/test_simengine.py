@@ -267,3 +267,38 @@ async def test_sglang_shape_gang(tmp_path: Path) -> None:
         await member.wait_healthy_async()  # SGLang's other ranks: a dummy health server
         _, _, body = await request(port, "GET", "/v1/models")
         assert json.loads(body)["data"][0]["id"] == "m"
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    """Send raw bytes; everything the engine sends until it closes (or 5 s pass)."""
+    out = b""
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(data)
+        with trio.move_on_after(5):
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+    return out
+
+
+async def test_http_framing_follows_llmgw_http1(engine: SimEngineProcess) -> None:
+    """Requests are read by llmgw.http1's parser (the router's rules); answers framed by
+    what the client can take."""
+    bad = await _raw(engine.port, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"transfer-encoding: gzip\r\n\r\n")
+    head, _, body = bad.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and b"connection: close" in head
+    assert json.loads(body)["error"]["code"] == 400
+    # Two requests pipelined on one connection, the second asking to close: both answered.
+    two = await _raw(engine.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+                     b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    assert two.count(b"HTTP/1.1 200 ") == 2 and b'"object": "list"' in two
+    # HEAD: the head only.
+    head_only = await _raw(engine.port, b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    assert head_only.startswith(b"HTTP/1.1 ") and head_only.endswith(b"\r\n\r\n")
+    # A stream to an HTTP/1.0 client: no chunked framing, its end is the connection's.
+    body10 = json.dumps({"model": "sim", "prompt": "x", "max_tokens": 2, "stream": True}).encode()
+    old = await _raw(engine.port, b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(body10), body10))
+    head, _, rest = old.partition(b"\r\n\r\n")
+    assert b"transfer-encoding" not in head.lower() and b"connection: close" in head
+    assert rest.startswith(b"data: ") and rest.rstrip().endswith(b"data: [DONE]")
