@@ -25,6 +25,7 @@ PURE = [
     "llmgw.server.node_states",
     "llmgw.agent.converge",
     "llmgw.agent.adapters",
+    "llmgw.agent.bad_copies",
     "llmgw.agent.engine_states",
     "llmgw.agent.engines.vllm",
     "llmgw.agent.engines.sglang",

@@ -17,6 +17,7 @@ import zmq
 from attrs import evolve
 
 from llmgw import PROTOCOL_VERSION
+from llmgw.agent.bad_copies import BadCopies
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.agent.discovery.gpus import load_nvml
 from llmgw.agent.discovery.interfaces import interface_addresses, resolve_mgmt_interface
@@ -31,7 +32,7 @@ from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.xid import XidProblems, serve_xid_watch
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineReport
-from llmgw.model.inventory import GpuSource, Inventory, NodeInfo
+from llmgw.model.inventory import GpuSource, Inventory, ModelCopy, NodeInfo
 from llmgw.transport import dealer
 from llmgw.transport.follow import Follower
 from llmgw.transport.keys import load_pair, load_public
@@ -92,6 +93,9 @@ class Agent:
         # The labelled HCAs' ports, read every few seconds: a port down or erring is a
         # problem on its HCA in every inventory (the server moves what rides it).
         self.hca_health = HcaHealth(quiet=disc.hca_quiet)
+        # Copies of weights an engine died reading: shown incomplete, never used again,
+        # until a scan finds them changed.
+        self.bad_copies = BadCopies()
         # An engine whose command does not resolve: look again, so the inventory says so.
         # An engine started or gone, or a GPU released: look again, so that the server sees
         # the memory and the releasing GPUs as they are now.
@@ -100,7 +104,8 @@ class Agent:
                                      gpu_memory=self._read_gpus, model_size=self._model_size,
                                      on_gpus_changed=lambda: self._rediscover.set(),
                                      storage=lambda: self.inventory.storage,
-                                     inventory=lambda: self.inventory)
+                                     inventory=lambda: self.inventory,
+                                     on_bad_copy=self._on_bad_copy)
         self._engines_stopped = False
         sampler = GpuSampler(self._nvml)
         self.metrics = AgentMetrics(
@@ -125,6 +130,14 @@ class Agent:
             if m.complete and (m.name == model or m.path == model):
                 return m.size
         return 0
+
+    def _on_bad_copy(self, copy: ModelCopy, why: str) -> None:
+        if not self.bad_copies.add(copy, why):
+            return
+        # At once, not at the next scan: the server may restart the replica here within
+        # seconds, and its plan reads this inventory's storage.
+        self.inventory = evolve(self.inventory, storage=self.bad_copies.apply(self.inventory.storage))
+        self._post(InventoryChanged(self.inventory))
 
     def _on_xid(self, uuid: str, problem: str) -> None:
         if self.xid.add(uuid, problem):
@@ -193,6 +206,7 @@ class Agent:
             found = await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
         own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
         found = self.hca_health.apply(found)
+        found = evolve(found, storage=self.bad_copies.apply(found.storage))
         return mark_inventory(self.xid.apply(found), own, self.supervisor.releasing())
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

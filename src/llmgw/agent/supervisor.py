@@ -19,6 +19,7 @@ from llmgw.agent import ports, procs
 from llmgw.agent.adapter_sync import AdapterKeeper
 from llmgw.agent.adapters import SyncResult
 from llmgw.agent.adopt import Adopted, Gone, adopt_records
+from llmgw.agent.bad_copies import unreadable_reason
 from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
@@ -37,6 +38,7 @@ from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
 from llmgw.model.engine import RUNTIME_ADAPTERS, Adapter, EngineReport, EngineSpec, EngineState
+from llmgw.model.inventory import ModelCopy
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +146,12 @@ class Supervisor:
         on_gpus_changed: Callable[[], None] | None = None,
         storage: StorageFn | None = None,
         inventory: InventoryFn | None = None,
+        on_bad_copy: Callable[[ModelCopy, str], None] | None = None,
     ) -> None:
         self._config = config
+        # Called (on the event loop, must not block) with a copy of weights an engine
+        # died reading, and the engine's words (llmgw.agent.bad_copies).
+        self._on_bad_copy = on_bad_copy
         # This node's last storage scan: the default plan starts engines on the copy it
         # found (or downloads into download_dir), and the record says which. Only with the
         # default plan: what a plan given here loads is its own business.
@@ -248,6 +254,24 @@ class Supervisor:
                      ", ".join(a.name for a in spec.adapters) or "none")
             if eng.adapters is not None:
                 eng.adapters.poke()
+
+    def _unreadable_copy(self, eng: _Engine, tail: tuple[str, ...]) -> str:
+        """An engine that died starting, whose log says its weights could not be read:
+        the copy it was given goes to on_bad_copy (the node stops offering it) and the
+        exit reason says so; "" otherwise."""
+        why = unreadable_reason(tail)
+        if not why or self._storage is None or self._on_bad_copy is None:
+            return ""
+        copy = weights_for(eng.spec, self._config, self._storage()).copy
+        if copy is None or copy.path not in eng.record.weights:
+            return ""  # a download, a path as written, or the scan moved on: nothing to mark
+        log.warning("engine %s: could not read its weights at %s: %s", eng.spec.replica_id,
+                    copy.path, why)
+        try:
+            self._on_bad_copy(copy, why)
+        except Exception:
+            log.exception("on_bad_copy failed")
+        return f"; it could not read the copy at {copy.path}, which this node no longer offers"
 
     def _keeper(self, eng: _Engine) -> AdapterKeeper | None:
         spec = eng.spec
@@ -601,6 +625,8 @@ class Supervisor:
         else:
             reason = f"exited with code {code}"
         tail = tail_lines(rec.log_path, self._sup.log_lines)
+        if eng.state is EngineState.STARTING and not eng.stop_requested.is_set():
+            reason += self._unreadable_copy(eng, tail)
         del self._engines[rec.spec.replica_id]
         remove_record(self._sup.work_dir, rec.spec.replica_id)
         # Releasing before the exit is reported: a server that places again on hearing it
