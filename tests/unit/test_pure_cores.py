@@ -43,6 +43,8 @@ PURE = [
     "llmgw.agent.startup_deadline",
     "llmgw.model.gpu_need",
     "llmgw.model.autoscale",
+    "llmgw.model.apikey",
+    "llmgw.model.usage",
     "llmgw.server.autoscale",
     "llmgw.model.affinity",
     "llmgw.model.deployment",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from attrs import evolve
 
 from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Strategy
@@ -218,3 +219,40 @@ def test_a_row_that_is_no_deployment_is_a_store_error(tmp_path: Path) -> None:
     db.close()
     with Store(path) as s, pytest.raises(StoreError, match="cannot read: the state database: engine: "):
         s.deployments()
+
+
+def test_api_keys_round_trip_and_only_the_hash_is_kept(opener: Opener) -> None:
+    from llmgw.model.apikey import ApiKeyRecord, Budget, hash_secret, make_secret
+
+    secret = make_secret(bytes(range(32)))
+    k = ApiKeyRecord("team-a", hash_secret(secret), secret[:12], created=5.0, models=("m",),
+                     rpm=10, tpm=1000, concurrency=4, budget=Budget(10**6, 86400.0))
+    with opener() as s:
+        s.put_api_key(k, now=5.0)
+        s.put_api_key(ApiKeyRecord("team-b", hash_secret("x"), "x"))
+    with opener() as s:
+        assert s.api_keys() == {"team-a": k, "team-b": ApiKeyRecord("team-b", hash_secret("x"), "x")}
+        s.put_api_key(evolve(k, revoked=9.0), now=9.0)
+        assert s.api_keys()["team-a"].state(10.0) == "revoked"
+    with opener() as s:
+        stored = repr(s._read("SELECT name, sha256, data FROM api_keys"))
+    assert secret not in stored and secret[12:] not in stored
+
+
+def test_a_usage_batch_counts_once_and_adds_to_its_hour(opener: Opener) -> None:
+    from llmgw.model.usage import UsageRow
+
+    rows = [UsageRow("a", "m", 3600, 200, 2, 10, 20, 0.5), UsageRow("a", "m", 3600, 200, 1, 1, 2, 0.25),
+            UsageRow("a", "m", 3600, 429, 1), UsageRow("b", "m", 7200, 200, 1, 5, 5, 0.1)]
+    with opener() as s:
+        assert s.add_usage("r1-1", rows, now=7300.0)
+        assert not s.add_usage("r1-1", rows, now=7301.0)  # retried after a failover: once
+        assert s.add_usage("r2-1", rows[:1], now=7302.0)
+    with opener() as s:
+        got = s.usage()
+        assert got == [UsageRow("a", "m", 3600, 200, 5, 21, 42, 1.25), UsageRow("a", "m", 3600, 429, 1),
+                       UsageRow("b", "m", 7200, 200, 1, 5, 5, 0.1)]
+        assert s.usage(api_key="b") == got[2:] and s.usage(since=7200.5) == got[2:]
+        assert s.usage(model="other") == []
+        s.trim_usage_batches(before=7302.0)
+        assert s.add_usage("r1-1", [], now=7400.0)  # forgotten ids may come again

@@ -56,9 +56,26 @@ _V2 = (
     "INSERT INTO leader (id, epoch, holder, address, expires) VALUES (1, 0, '', '', 0)",
 )
 
+# Version 3: tenants (issue 24). API keys by name (only the secret's hash is kept); usage
+# per key x model x hour x status, added to in place; the ids of the usage batches already
+# added, so that a batch a router sends again (after a failover) counts once.
+def _v3(real: str, big: str) -> tuple[str, ...]:
+    return (
+        f"CREATE TABLE api_keys (name TEXT PRIMARY KEY, sha256 TEXT NOT NULL UNIQUE,"
+        f" data TEXT NOT NULL, updated {real} NOT NULL DEFAULT 0)",
+        f"CREATE TABLE usage (api_key TEXT NOT NULL, model TEXT NOT NULL, hour {big} NOT NULL,"
+        f" status INTEGER NOT NULL, requests {big} NOT NULL DEFAULT 0,"
+        f" prompt_tokens {big} NOT NULL DEFAULT 0, completion_tokens {big} NOT NULL DEFAULT 0,"
+        f" latency_sum {real} NOT NULL DEFAULT 0, PRIMARY KEY (api_key, model, hour, status))",
+        "CREATE INDEX usage_by_hour ON usage (hour)",
+        f"CREATE TABLE usage_batches (id TEXT PRIMARY KEY, at {real} NOT NULL)",
+    )
+
+
 MIGRATIONS: dict[int, dict[str, tuple[str, ...]]] = {
     1: {SQLITE: _V1_SQLITE, POSTGRES: _V1_POSTGRES},
     2: {SQLITE: _V2, POSTGRES: _V2},
+    3: {SQLITE: _v3("REAL", "INTEGER"), POSTGRES: _v3("DOUBLE PRECISION", "BIGINT")},
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

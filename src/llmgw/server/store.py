@@ -30,8 +30,10 @@ from cattrs.preconf.json import make_converter
 
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError, LlmgwError
+from llmgw.model.apikey import ApiKeyRecord
 from llmgw.model.deployment import Deployment, Replica
 from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.model.usage import UsageRow, hour_of, merge
 from llmgw.server import migrations
 from llmgw.server.migrations import SCHEMA_VERSION as SCHEMA_VERSION
 
@@ -119,6 +121,12 @@ class StateStore(Protocol):
     def events(self, *, deployment: str | None = None, replica: str | None = None,
                limit: int = 100) -> list[StoredEvent]: ...
     def trim_events(self, keep: int = 100_000) -> None: ...
+    def put_api_key(self, key: ApiKeyRecord, now: float = 0.0) -> None: ...
+    def api_keys(self) -> dict[str, ApiKeyRecord]: ...
+    def add_usage(self, batch_id: str, rows: Iterable[UsageRow], now: float) -> bool: ...
+    def usage(self, *, api_key: str | None = None, model: str | None = None,
+              since: float = 0.0) -> list[UsageRow]: ...
+    def trim_usage_batches(self, before: float) -> None: ...
 
 
 class SqlStore:
@@ -286,6 +294,66 @@ class SqlStore:
     def trim_events(self, keep: int = 100_000) -> None:
         self._tx(lambda tx: tx.run(
             "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (keep,)))
+
+
+    # ------------------------------------------------------------ API keys and usage
+
+    def put_api_key(self, key: ApiKeyRecord, now: float = 0.0) -> None:
+        """Create or replace the key named key.name (a name's secret hash may change only by
+        replacing it: `ctl apikey create` refuses a name in use)."""
+        data = _dump(key, ApiKeyRecord)
+        self._tx(lambda tx: tx.run(
+            "INSERT INTO api_keys (name, sha256, data, updated) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, data = excluded.data, "
+            "updated = excluded.updated", (key.name, key.sha256, data, now)))
+
+    def api_keys(self) -> dict[str, ApiKeyRecord]:
+        rows = self._read("SELECT name, data FROM api_keys ORDER BY name")
+        return {name: _load(data, ApiKeyRecord) for name, data in rows}
+
+    def add_usage(self, batch_id: str, rows: Iterable[UsageRow], now: float) -> bool:
+        """Add a router's batch once: False (nothing added) when `batch_id` was added before."""
+        merged = merge(rows)
+
+        def run(tx: Tx) -> bool:
+            if tx.rows("SELECT 1 FROM usage_batches WHERE id = ?", (batch_id,)):
+                return False
+            tx.run("INSERT INTO usage_batches (id, at) VALUES (?, ?)", (batch_id, now))
+            if merged:
+                tx.many(
+                    "INSERT INTO usage (api_key, model, hour, status, requests, prompt_tokens,"
+                    " completion_tokens, latency_sum) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(api_key, model, hour, status) DO UPDATE SET"
+                    " requests = usage.requests + excluded.requests,"
+                    " prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens,"
+                    " completion_tokens = usage.completion_tokens + excluded.completion_tokens,"
+                    " latency_sum = usage.latency_sum + excluded.latency_sum",
+                    [(r.api_key, r.model, r.hour, r.status, r.requests, r.prompt_tokens,
+                      r.completion_tokens, r.latency_sum) for r in merged])
+            return True
+
+        return self._tx(run)
+
+    def usage(self, *, api_key: str | None = None, model: str | None = None,
+              since: float = 0.0) -> list[UsageRow]:
+        """Stored usage rows from the hour holding `since` on, by hour, key, model, status."""
+        sql = ("SELECT api_key, model, hour, status, requests, prompt_tokens, completion_tokens,"
+               " latency_sum FROM usage WHERE hour >= ?")
+        args: list[Any] = [hour_of(since)]
+        if api_key is not None:
+            sql += " AND api_key = ?"
+            args.append(api_key)
+        if model is not None:
+            sql += " AND model = ?"
+            args.append(model)
+        rows = self._read(sql + " ORDER BY hour, api_key, model, status", args)
+        return [UsageRow(k, m, int(h), int(st), int(n), int(p), int(c), float(lat))
+                for k, m, h, st, n, p, c, lat in rows]
+
+    def trim_usage_batches(self, before: float) -> None:
+        """Forget batch ids added before `before` (a router retries a batch for minutes at
+        most; a day of ids is plenty)."""
+        self._tx(lambda tx: tx.run("DELETE FROM usage_batches WHERE at < ?", (before,)))
 
 
 class _SqliteTx:
