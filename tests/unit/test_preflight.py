@@ -126,6 +126,9 @@ def test_deployment_setting_and_its_default() -> None:
     base = {"name": "x", "model": "m", "engine": "vllm", "gpus_per_node": 1, "replicas": 1}
     assert parse_deployment({**base, "nodes": 2}, "t").preflight_mode == "required"
     assert parse_deployment({**base, "nodes": 2, "preflight": "off"}, "t").preflight_mode == ""
+    # A bare `off` in YAML is false, `on` true.
+    assert parse_deployment({**base, "nodes": 2, "preflight": False}, "t").preflight == "off"
+    assert parse_deployment({**base, "nodes": 2, "preflight": True}, "t").preflight == "required"
     assert parse_deployment({**base, "preflight": "required"}, "t").preflight_mode == ""  # one node
     sim = {**base, "engine": "simulated", "nodes": 2}
     assert parse_deployment(sim, "t").preflight_mode == ""

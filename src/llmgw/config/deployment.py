@@ -154,6 +154,9 @@ def _preflight(data: Mapping[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "preflight" in data:
         mode = data["preflight"]
+        # YAML 1.1 reads a bare `off` (and `no`) as false, `on` as true.
+        if isinstance(mode, bool):
+            mode = "required" if mode else "off"
         if mode not in PREFLIGHT_MODES:
             raise DeploymentError(source, "preflight", f"expected one of {', '.join(PREFLIGHT_MODES)}, "
                                   f"got {_show(mode)}")

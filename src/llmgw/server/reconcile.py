@@ -247,8 +247,8 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
         if p.now < r.backoff_until:
             return
         p.event(r, f"restarting after backoff (failure {r.restarts})")
-        sick = p.sick_gpu(r)
-        if sick:  # not in place on a GPU that turned unhealthy: elsewhere
+        sick = p.sick_gpu(r) or p.sick_hca(r)
+        if sick:  # not in place on a GPU or HCA that turned unhealthy: elsewhere
             p.event(r, f"{sick}: placing again")
             p.place(p.unplace(r))
         elif r.placed and all(p.node_state(m.node_id) == NodeState.READY for m in r.members):

@@ -12,6 +12,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.node import NodeState
 
 from .drain import DEFAULT_GRACE
+from .fabrics import sick_hcas
 from .placement import ClusterView, Placement, place
 from .reconcile_state import ReconcileState
 from .replica_states import ReplicaEvent, drains_first, next_state
@@ -226,7 +227,23 @@ class Pass:
         for m in r.members:
             if self.draining(m.node_id):
                 return f"node {m.node_id} draining"
-        return self.sick_gpu(r)
+        return self.sick_gpu(r) or self.sick_hca(r)
+
+    def sick_hca(self, r: Replica) -> str:
+        """The first of `r`'s members riding an HCA its agent reports unhealthy, as "HCA
+        mlx5_0 (port 1 DOWN (Disabled)) on n3 unhealthy"; empty when none does. Its
+        replacement is placed on healthy HCAs (the cluster view counts no other)."""
+        sick = self.state.sick_hcas
+        if not sick:
+            return ""
+        for m in r.members:
+            bad = sick.get(m.node_id)
+            hit = [h for h in m.hcas if bad and h in bad]
+            if hit:
+                v = self.nodes.get(m.node_id)
+                lines = sick_hcas(v.inventory, hit) if v is not None else hit
+                return f"HCA {', '.join(lines)} on {m.node_id} unhealthy"
+        return ""
 
     def move_exclude(self, r: Replica) -> frozenset[str]:
         """The nodes a moved `r` must not go back to: its draining ones. (An unhealthy GPU

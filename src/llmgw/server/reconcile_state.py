@@ -62,6 +62,9 @@ class ReconcileState:
         # Node id -> its unhealthy GPUs by UUID (only nodes that have one): a replica
         # holding one is moved as a drain moves it (Pass.must_move).
         self.sick: dict[str, dict[str, Gpu]] = {}
+        # Node id -> its unhealthy HCAs (the agent's HCA watch, or no active port; only
+        # nodes that have one): a gang member riding one is moved the same way.
+        self.sick_hcas: dict[str, frozenset[str]] = {}
         for n, v in self.nodes.items():
             self._note_sick(n, v)
         self.replicas: dict[str, Replica] = {}
@@ -99,6 +102,7 @@ class ReconcileState:
             self.silent.pop(nid, None)
             self.draining.discard(nid)
             self.sick.pop(nid, None)
+            self.sick_hcas.pop(nid, None)
         else:
             self.nodes[nid] = view
             self.reports[nid] = delta.reports
@@ -121,6 +125,11 @@ class ReconcileState:
             self.sick[nid] = sick
         else:
             self.sick.pop(nid, None)
+        bad = frozenset(h.name for h in view.inventory.hcas if not h.healthy)
+        if bad:
+            self.sick_hcas[nid] = bad
+        else:
+            self.sick_hcas.pop(nid, None)
 
     def deployment_changed(self, name: str) -> None:
         """The operator applied, scaled or deleted it."""

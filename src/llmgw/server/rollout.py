@@ -2,9 +2,10 @@
 
 Slots are the replicas that count towards `replicas`; a replacement (`replaces` set) is a
 surge replica that takes over its slot once ready: the old one stops only then. A
-replacement is wanted while its target must move (Pass.must_move: its node drains, or a
-GPU it holds turned unhealthy) or runs an outdated spec; once neither holds (an uncordon,
-a healthy GPU again, a spec put back) it is dropped unless it is already ready. States
+replacement is wanted while its target must move (Pass.must_move: its node drains, a
+GPU it holds turned unhealthy, or an HCA a member rides did) or runs an outdated spec;
+once neither holds (an uncordon, a healthy GPU or HCA again, a spec put back) it is
+dropped unless it is already ready. States
 change only through the lifecycle table (replica_states.py).
 
 Every stop here is no failure, so it goes through Pass.retire: a ready replica drains
@@ -101,7 +102,7 @@ DRAIN_STUCK = "draining, with nowhere to move"
 def _drain(p: Pass, d: Deployment) -> None:
     mine = _mine(p, d)
     replaced = {r.replaces: r for r in mine if r.replaces}
-    if not replaced and not p.state.draining and not p.state.sick:
+    if not replaced and not p.state.draining and not p.state.sick and not p.state.sick_hcas:
         return  # nothing drains or ails, nothing is being replaced: no replica to look at
     for r in mine:
         if r.id in replaced:
