@@ -1,0 +1,18 @@
+"""A lease of a key's allowance (issue 24): what the server grants a router and the router
+spends. The rules are server/leases.py's (the book) and router/wallet.py's (the wallet)."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+@frozen
+class Grant:
+    id: int
+    router: str
+    units: int
+    granted_at: float
+    ends: float  # granted_at + ttl: the router may use it until then
+
+    def occupies_until(self, window: float) -> float:
+        return self.ends + window
