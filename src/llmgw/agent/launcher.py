@@ -22,6 +22,7 @@ from typing import Any
 from llmgw.agent import preflight_run
 from llmgw.agent.engines import count_ray_nodes
 from llmgw.agent.engines.ray import CLIENT_SERVER_FLAG, without_client_server_port
+from llmgw.model.preflight import EXIT_CODE as PREFLIGHT_EXIT
 
 POLL = 1.0
 
@@ -100,7 +101,7 @@ def main(argv: list[str]) -> int:
         plan = json.load(f)
     # A gang member's collective pre-flight (issue 22), before anything of the engine runs.
     if plan.get("preflight") and not preflight_run.run(plan["preflight"]):
-        return 3
+        return PREFLIGHT_EXIT
     children = []  # kept: they live on in the main process once it execs
     for proc in plan["pre"]:
         pre_argv = _ray_start_argv(list(proc["argv"]), proc["env"])

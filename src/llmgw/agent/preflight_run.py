@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from llmgw.agent.engines.preflight import ProbeResult, parse_output, result_doc, verdict
+from llmgw.model.preflight import FAILED_LINE
 
 # Past the probe's own timeout (which bounds its rendezvous), this long for it to say
 # so before it is killed.
@@ -75,7 +76,11 @@ def run(doc: dict[str, Any]) -> bool:
     """Probe, record, say; True when the engine may start (passed, or best effort)."""
     result = probe(doc)
     write_result(str(doc.get("result") or ""), result)
-    _say(f"pre-flight {result.line()}")
+    if result.ok:
+        _say(f"pre-flight {result.line()}")
+    else:
+        # The server reads this line (and the exit code) as a pre-flight failure.
+        print(f"{FAILED_LINE}{result.error}", flush=True)
     if result.ok:
         return True
     if doc.get("required", True):
