@@ -37,6 +37,8 @@ OPS: list[requests.Op] = [
     requests.ScaleOp("d", 3), requests.CordonOp("n", True, True), requests.GetOp(requests.GetWhat.NODES),
     requests.DescribeOp("d"), requests.EndpointsOp(4), requests.LogsOp("d-0", 50),
     requests.RediscoverOp(("n",)),
+    requests.LoadReportOp({"m": requests.ModelLoad(1.5, 2, 3, 1)}, interval=0.5, wake=True),
+    requests.ScaleOp("d", 0, pin=True),
 ]
 
 SAMPLES: list[messages.Message] = [

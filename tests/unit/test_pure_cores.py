@@ -49,6 +49,7 @@ PURE = [
     "llmgw.server.leases",
     "llmgw.router.wallet",
     "llmgw.server.autoscale",
+    "llmgw.server.load_board",
     "llmgw.model.affinity",
     "llmgw.model.deployment",
     "llmgw.model.engine",

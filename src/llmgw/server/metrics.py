@@ -189,8 +189,19 @@ class _Collector:
                                             "Reconcile passes that raised (nothing changed; retried)")
         placed = CounterMetricFamily("llmgw_server_replicas_placed",
                                      "Replicas put on nodes with a new generation")
+        decisions = CounterMetricFamily("llmgw_server_autoscale_decisions",
+                                        "Replica counts the autoscaler changed, by deployment and "
+                                        "direction (up, down)", labels=["deployment", "direction"])
+        auto_desired = GaugeMetricFamily("llmgw_server_autoscale_desired_replicas",
+                                         "The count the autoscaler's last decision asked for, per "
+                                         "deployment with autoscale", labels=["deployment"])
         if o is not None:
             cp = o.cp
+            a = o.autoscaler
+            for (name, direction), n in sorted(a.decisions.items()):
+                decisions.add_metric([name, direction], n)
+            for name, n in sorted(a.desired.items()):
+                auto_desired.add_metric([name], n)
             by_state = Counter(n.state for n in cp.nodes.values())
             for node_state in NodeState:
                 nodes.add_metric([str(node_state)], by_state.get(node_state, 0))
@@ -224,4 +235,5 @@ class _Collector:
                 zap.add_metric([reason], n)
             placed.add_metric([], self.m.placed)
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
-                    received, sent, send_dropped, refusals, zap, failures, failed_passes, placed)
+                    received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
+                    decisions, auto_desired)

@@ -34,6 +34,7 @@ from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server import adapters
+from llmgw.server.autoscaler import Autoscaler, Change
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
 from llmgw.server.rebuild import adoptable, rebuild
@@ -68,6 +69,7 @@ from llmgw.transport.requests import (
     EndpointsOp,
     GetOp,
     GetWhat,
+    LoadReportOp,
     LogsOp,
     RediscoverOp,
     ScaleOp,
@@ -125,6 +127,9 @@ class Orchestrator:
         self.on_pass: Callable[[float, dict[str, Replica], dict[str, Replica]], None] = \
             lambda cost, before, after: None
         self.last_events: dict[str, StoredEvent] = {}
+        # The routers' load reports and the decisions they lead to (issue 25); its loop
+        # is started beside serve() (service.py).
+        self.autoscaler = Autoscaler()
         # Nodes whose Hello reported engines this state has no record of (rebuild.py):
         # their desired set waits for the pass that adopts them.
         self.adopt_from: set[str] = set()
@@ -152,6 +157,7 @@ class Orchestrator:
             EndpointsOp: (READERS, self.op_endpoints),
             LogsOp: (ADMIN, self.op_logs),
             RediscoverOp: (ADMIN, self.op_rediscover),
+            LoadReportOp: (frozenset({"router"}), self.op_load_report),
         })
 
     # ---- triggers from the control plane ----
@@ -415,6 +421,11 @@ class Orchestrator:
     async def op_apply(self, peer: Peer, op: ApplyOp, now: float) -> Any:
         d = op.deployment  # validated when the request was decoded
         old = self.deployments.get(d.name)
+        if d.autoscale is not None and old is not None:
+            # With autoscale the file's replicas is only where a new deployment starts:
+            # an apply keeps the count the autoscaler (or a pin) set, within min..max.
+            a = d.autoscale
+            d = evolve(d, replicas=min(max(old.replicas, a.min), a.max))
         if old == d:
             return {"deployment": d.name, "changed": False}
         clash = adapters.name_conflict(d, self.deployments)
@@ -445,11 +456,49 @@ class Orchestrator:
     async def op_scale(self, peer: Peer, op: ScaleOp, now: float) -> Any:
         if not 0 <= op.replicas <= MAX_REPLICAS:
             raise RequestError(f"replicas: expected 0 to {MAX_REPLICAS}, got {op.replicas}")
-        d = evolve(self._deployment(op.name), replicas=op.replicas)
+        d = self._deployment(op.name)
+        note = ""
+        if d.autoscale is not None:
+            a = d.autoscale
+            if not op.pin:
+                raise RequestError(
+                    f"deployment {op.name!r} scales automatically ({a.min}..{a.max}, now "
+                    f"{d.replicas}); `ctl scale {op.name} --replicas {op.replicas} --pin` sets "
+                    "the count and switches autoscale off until the next apply")
+            # Pinned: autoscale off in the stored deployment; the next apply of its file
+            # brings it back (from the pinned count).
+            d = evolve(d, autoscale=None)
+            note = "pinned: autoscale is off for it until the next apply"
+            await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(
+                now, op.name, "", f"pinned at {op.replicas} by ctl scale --pin: autoscale off "
+                                  "until the next apply")])
+        await self._put_replicas(evolve(d, replicas=op.replicas), now)
+        out: dict[str, Any] = {"deployment": op.name, "replicas": op.replicas}
+        if note:
+            out["note"] = note
+        return out
+
+    async def _put_replicas(self, d: Deployment, now: float) -> None:
+        """The one way a count changes (ctl scale, the autoscaler): persisted first, then
+        the reconciler places or drains (a replica removed drains before it stops)."""
         await trio.to_thread.run_sync(self.store.put_deployment, d, now)
-        self.deployments[op.name] = d
-        self.mark_deployment(op.name)
-        return {"deployment": op.name, "replicas": op.replicas}
+        self.deployments[d.name] = d
+        self.mark_deployment(d.name)
+
+    async def autoscale_to(self, change: Change, now: float) -> bool:
+        """Set what the autoscaler decided, unless the deployment changed meanwhile
+        (deleted, pinned, applied with another count, scaled)."""
+        d = self.deployments.get(change.deployment)
+        if d is None or d.autoscale is None or d.replicas != change.before:
+            return False
+        await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(
+            now, d.name, "", f"autoscale: {change.reason}")])
+        await self._put_replicas(evolve(d, replicas=change.after), now)
+        return True
+
+    def op_load_report(self, peer: Peer, op: LoadReportOp, now: float) -> Any:
+        self.autoscaler.report(peer.identity, now, op, self.deployments)
+        return {}
 
     async def op_cordon(self, peer: Peer, op: CordonOp, now: float) -> Any:
         node_id = op.node
@@ -532,11 +581,24 @@ class Orchestrator:
         return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
 
     def op_endpoints(self, peer: Peer, op: EndpointsOp, now: float) -> Any:
-        table = {"models": self.endpoint_table(), "waiting": self.waiting()}
+        table: dict[str, Any] = {"models": self.endpoint_table(), "waiting": self.waiting()}
+        cold = self.cold()
+        if cold:  # the key only when there are some: a router from before reads the rest
+            table["cold"] = cold
+            for name in cold:
+                table["waiting"].pop(name, None)
         if table != self._endpoints:
             self._endpoints = table
             self._endpoints_version += 1
         return {"version": self._endpoints_version, **table}
+
+    def cold(self) -> list[str]:
+        """Served names of deployments that may scale to zero and have nothing ready
+        (at zero, or waking): routers hold their requests rather than refuse them."""
+        ready = {r.spec.served_name for r in self.replicas.values() if r.state == ReplicaState.READY}
+        return sorted(d.served_name for d in self.deployments.values()
+                      if d.autoscale is not None and d.autoscale.min == 0
+                      and d.served_name not in ready)
 
     def waiting(self) -> dict[str, str]:
         """Served name -> why nothing of it is ready, for each deployment that serves

@@ -40,6 +40,9 @@ class DeleteOp:
 class ScaleOp:
     name: str
     replicas: int
+    # On a deployment with autoscale: set the count anyway and switch autoscale off for it
+    # until its next apply. Without it, such a deployment is refused (its count is automatic).
+    pin: bool = False
 
 
 @frozen
@@ -78,6 +81,41 @@ class EndpointsOp:
     since: int = -1  # the table version the router has
 
 
+# The most served names one load report may carry (a router serves the table's models).
+MAX_REPORTED_MODELS = 4096
+MAX_LOAD = 1e9
+
+
+def _load_figure(_: object, a: object, value: float) -> None:
+    if not 0 <= value <= MAX_LOAD:  # NaN fails too
+        raise ValueError(f"{getattr(a, 'name', 'figure')}: expected 0 to {MAX_LOAD:g}, got {value!r}")
+
+
+def _bounded_models(_: object, __: object, value: dict[str, ModelLoad]) -> None:
+    if len(value) > MAX_REPORTED_MODELS:
+        raise ValueError(f"a load report names at most {MAX_REPORTED_MODELS} models, got {len(value)}")
+
+
+@frozen
+class ModelLoad:
+    """One router's load of one served name over its last report interval."""
+
+    in_flight: float = field(default=0.0, validator=_load_figure)  # sent, not answered; held too
+    waiting: float = field(default=0.0, validator=_load_figure)  # the engines' own queues
+    requests: int = field(default=0, validator=_load_figure)  # arrived in the interval
+    held: int = field(default=0, validator=_load_figure)  # waiting for a replica (scale from zero)
+
+
+@frozen
+class LoadReportOp:
+    """A router's load per served name (issue 25): every `load_report_interval`, and at
+    once when it starts holding requests for a model with nothing ready (a wake)."""
+
+    models: dict[str, ModelLoad] = field(factory=dict, validator=_bounded_models)
+    interval: float = field(default=5.0, validator=_load_figure)  # seconds between reports
+    wake: bool = False
+
+
 @frozen
 class LogsOp:
     replica: str
@@ -100,6 +138,7 @@ Op = (
     | EndpointsOp
     | LogsOp
     | RediscoverOp
+    | LoadReportOp
 )
 
 
@@ -133,6 +172,10 @@ class EndpointsResult:
     models: dict[str, tuple[Endpoint, ...]] = field(factory=dict)  # served name -> replicas
     # Served name -> why none of it is ready (deployed, serving nothing): a 503, not a 404.
     waiting: dict[str, str] = field(factory=dict)
+    # Served names with autoscale down to zero (or waking from it): routable though no
+    # replica is ready. The router holds their requests and wakes them. Sent only when
+    # non-empty, so a router from before autoscale reads the rest.
+    cold: tuple[str, ...] = ()
 
 
 def op_name(cls: type) -> str:

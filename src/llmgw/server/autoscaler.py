@@ -1,0 +1,144 @@
+"""The autoscaler's loop (issue 25): the routers' load reports in, replica counts out.
+
+Every interval (the shortest `load_report_interval` the live routers report at; 5 s while
+none does) each deployment with `autoscale` gets the routers' summed sample
+(load_board.py), observe() and decide() (autoscale.py, pure), and a count that changed is
+set through the orchestrator's `set_replicas`, the path `ctl scale` takes: persisted,
+an event in describe with decide()'s reason, the reconciler drains what goes. A router
+that holds requests for a deployment at zero says so at once (a wake): that deployment
+is decided then, not at the next interval.
+
+While no router reports at all, nothing is decided: the server does not know the load
+(routers cut off from it may still be serving), so it does not scale down on silence.
+ScaleMemory is in memory only: a new leader starts empty and its windows wait to be
+covered, which decide() already does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+
+import trio
+from attrs import frozen
+
+from llmgw.model.deployment import Deployment
+from llmgw.server.autoscale import LoadSample, ScaleMemory, decide, observe
+from llmgw.server.load_board import LoadBoard
+from llmgw.transport.requests import LoadReportOp
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 5.0  # seconds between decisions while no router says its interval
+
+
+@frozen
+class Change:
+    deployment: str
+    before: int
+    after: int
+    reason: str
+
+    @property
+    def direction(self) -> str:
+        return "up" if self.after > self.before else "down"
+
+
+def served_names(deployments: Mapping[str, Deployment]) -> dict[str, str]:
+    """Served name (and each LoRA adapter's name) -> its deployment."""
+    out: dict[str, str] = {}
+    for name, d in deployments.items():
+        for a in d.adapters:
+            out.setdefault(a.name, name)
+        out[d.served_name] = name
+    return out
+
+
+class Autoscaler:
+    def __init__(self) -> None:
+        self.board = LoadBoard()
+        self.memory: dict[str, ScaleMemory] = {}
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (deployment, up|down) -> count
+        self.desired: dict[str, int] = {}  # the last count decided per autoscaled deployment
+        self.last: dict[str, LoadSample] = {}  # the last sample per deployment (describe)
+        self._poke = trio.Event()
+        self._wake: set[str] = set()
+
+    # ---- from the routers ----
+
+    def report(self, router: str, now: float, op: LoadReportOp,
+               deployments: Mapping[str, Deployment]) -> None:
+        self.board.put(router, now, op.interval, op.models)
+        if not op.wake:
+            return
+        names = served_names(deployments)
+        for served, load in op.models.items():
+            d = deployments.get(names.get(served, ""))
+            if d is not None and d.autoscale is not None and d.replicas == 0 and (
+                    load.held or load.requests or load.in_flight):
+                self._wake.add(d.name)
+        if self._wake:
+            self._poke.set()
+
+    # ---- the decision, without I/O ----
+
+    def step(self, now: float, deployments: Mapping[str, Deployment],
+             only: set[str] | None = None) -> list[Change]:
+        """observe() and decide() for each autoscaled deployment (or those in `only`);
+        the counts that change. Nothing while no router reports."""
+        for gone in set(self.memory) - set(deployments):
+            del self.memory[gone]
+            self.desired.pop(gone, None)
+            self.last.pop(gone, None)
+        samples = self.board.samples(now, served_names(deployments))
+        if not self.board.reports:
+            return []
+        changes: list[Change] = []
+        for name, d in sorted(deployments.items()):
+            spec = d.autoscale
+            if spec is None or (only is not None and name not in only):
+                continue
+            sample = samples.get(name, LoadSample(at=now))
+            self.last[name] = sample
+            memory = observe(spec, self.memory.get(name, ScaleMemory()), sample)
+            decision = decide(spec, d.replicas, memory, now)
+            self.memory[name] = decision.memory
+            self.desired[name] = decision.replicas
+            if decision.replicas != d.replicas:
+                changes.append(Change(name, d.replicas, decision.replicas, decision.reason))
+        return changes
+
+    # ---- the loop ----
+
+    async def serve(self, deployments: Callable[[], Mapping[str, Deployment]],
+                    apply: Callable[[Change, float], Awaitable[bool]],
+                    clock: Callable[[], float],
+                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Decide every interval (or at once on a wake) and `apply` each change (True:
+        it was set; False: the deployment changed meanwhile, e.g. pinned or deleted)."""
+        task_status.started()
+        next_at = trio.current_time() + self.board.interval(DEFAULT_INTERVAL)
+        while True:
+            with trio.move_on_at(next_at):
+                await self._poke.wait()
+            self._poke = trio.Event()
+            woken, self._wake = self._wake, set()
+            due = trio.current_time() >= next_at
+            if due:
+                next_at = trio.current_time() + self.board.interval(DEFAULT_INTERVAL)
+            try:
+                changes = self.step(clock(), deployments(), None if due else woken)
+            except Exception:
+                # A bug in a decision costs this round, not the server's loop.
+                log.exception("autoscale decision failed; trying again next interval")
+                continue
+            for c in changes:
+                try:
+                    done = await apply(c, clock())
+                except Exception:
+                    log.exception("autoscale: could not set %s to %d replicas", c.deployment, c.after)
+                    continue
+                if done:
+                    self.decisions[(c.deployment, c.direction)] += 1
+                    log.info("autoscale %s: %s", c.deployment, c.reason)

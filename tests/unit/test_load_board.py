@@ -1,0 +1,124 @@
+"""The routers' load reports summed per deployment (issue 25): server/load_board.py and the
+autoscaler's step (server/autoscaler.py), without I/O."""
+
+from __future__ import annotations
+
+import pytest
+from attrs import evolve
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.config.deployment import parse_deployment
+from llmgw.model.deployment import Deployment
+from llmgw.server.autoscaler import Autoscaler, served_names
+from llmgw.server.load_board import LoadBoard
+from llmgw.transport import codec
+from llmgw.transport.messages import Request
+from llmgw.transport.requests import LoadReportOp, ModelLoad
+
+MAP = {"m": "d", "other": "e"}
+
+
+def test_two_routers_are_summed_not_doubled_or_dropped() -> None:
+    b = LoadBoard()
+    b.put("r1", 0.0, 1.0, {"m": ModelLoad(in_flight=3, waiting=1, requests=5)})
+    b.put("r2", 0.5, 1.0, {"m": ModelLoad(in_flight=4, waiting=2, requests=7)})
+    s = b.samples(1.0, MAP)["d"]
+    assert (s.in_flight, s.waiting, s.requests, s.at) == (7, 3, 12, 1.0)
+    # A router's newer report replaces its own, never adds to it.
+    b.put("r1", 1.0, 1.0, {"m": ModelLoad(in_flight=1)})
+    assert b.samples(1.2, MAP)["d"].in_flight == 5
+
+
+def test_a_router_that_goes_away_stops_counting() -> None:
+    b = LoadBoard()
+    b.put("r1", 0.0, 1.0, {"m": ModelLoad(in_flight=3)})
+    b.put("r2", 0.0, 2.0, {"m": ModelLoad(in_flight=4)})
+    assert b.samples(3.0, MAP)["d"].in_flight == 7  # three of r1's intervals: still counted
+    assert b.samples(3.01, MAP)["d"].in_flight == 4  # r1 is gone; r2 (2 s) stays until 6 s
+    assert list(b.reports) == ["r2"]
+    assert b.samples(6.5, MAP) == {}
+    assert b.reports == {}
+
+
+def test_held_requests_count_as_in_flight_and_as_arrivals() -> None:
+    b = LoadBoard()
+    b.put("r1", 0.0, 1.0, {"m": ModelLoad(held=2), "other": ModelLoad(requests=1),
+                           "unknown": ModelLoad(in_flight=9)})
+    got = b.samples(0.5, MAP)
+    assert (got["d"].in_flight, got["d"].requests, got["d"].active) == (2, 2, True)
+    assert got["e"].requests == 1 and "unknown" not in got
+
+
+def test_interval_is_the_shortest_live_one() -> None:
+    b = LoadBoard()
+    assert b.interval(5.0) == 5.0
+    b.put("r1", 0.0, 2.0, {})
+    b.put("r2", 0.0, 0.5, {})
+    assert b.interval(5.0) == 0.5
+
+
+@given(st.lists(st.tuples(st.sampled_from(["r1", "r2", "r3"]), st.integers(0, 50),
+                          st.integers(0, 50)), max_size=20))
+def test_sum_is_the_sum_of_each_routers_latest(reports: list[tuple[str, int, int]]) -> None:
+    b = LoadBoard()
+    latest: dict[str, tuple[int, int]] = {}
+    for router, in_flight, requests in reports:
+        b.put(router, 0.0, 1.0, {"m": ModelLoad(in_flight=in_flight, requests=requests)})
+        latest[router] = (in_flight, requests)
+    got = b.samples(0.0, MAP).get("d")
+    if not latest:
+        assert got is None
+    else:
+        assert got is not None
+        assert got.in_flight == sum(v[0] for v in latest.values())
+        assert got.requests == sum(v[1] for v in latest.values())
+
+
+def test_a_load_report_travels_and_bad_figures_are_refused() -> None:
+    op = LoadReportOp({"m": ModelLoad(1.0, 2.0, 3, 4)}, interval=0.5, wake=True)
+    req = Request(1, "x", op)
+    assert codec.decode(codec.encode(req)) == req
+    with pytest.raises(ValueError):
+        ModelLoad(in_flight=-1)
+    with pytest.raises(ValueError):
+        ModelLoad(waiting=float("nan"))
+
+
+def _deployment(**autoscale: object) -> Deployment:
+    return parse_deployment({"name": "d", "model": "m", "engine": "simulated", "gpus_per_node": 1,
+                             "replicas": 1, "autoscale": {"max": 4, "in_flight_per_replica": 2,
+                                                          **autoscale}}, "t")
+
+
+def test_step_scales_up_after_the_window_and_waits_for_the_routers() -> None:
+    a = Autoscaler()
+    d = _deployment(scale_up_after="1s", scale_down_after="2s")
+    ds = {"d": d}
+    assert a.step(0.0, ds) == []  # no router reports: nothing decided, nothing observed
+    assert a.memory == {}
+    for t in (0.0, 0.5, 1.0):
+        a.report("r1", t, LoadReportOp({"m": ModelLoad(in_flight=3)}, interval=0.5), ds)
+        a.report("r2", t, LoadReportOp({"m": ModelLoad(in_flight=3)}, interval=0.5), ds)
+        changes = a.step(t, ds)
+    assert [(c.before, c.after, c.direction) for c in changes] == [(1, 3, "up")]
+    assert "in flight 6" in changes[0].reason and a.desired == {"d": 3}
+    # The deployment deleted: its memory goes.
+    assert a.step(1.5, {}) == [] and a.memory == {}
+
+
+def test_a_wake_marks_a_deployment_at_zero() -> None:
+    a = Autoscaler()
+    d = evolve(_deployment(min=0, idle_to_zero="3s"), replicas=0)
+    a.report("r1", 0.0, LoadReportOp({"m": ModelLoad(held=1)}, interval=5, wake=True), {"d": d})
+    assert a._wake == {"d"}
+    changes = a.step(0.0, {"d": d}, only={"d"})
+    assert [(c.before, c.after) for c in changes] == [(0, 1)]
+    assert "woken from zero" in changes[0].reason
+
+
+def test_served_names_maps_adapters_to_their_base() -> None:
+    d = parse_deployment({"name": "d", "model": "m", "engine": "vllm", "gpus_per_node": 1,
+                          "replicas": 1, "served_name": "base",
+                          "adapters": [{"name": "ad", "path": "/a"}]}, "t")
+    assert served_names({"d": d}) == {"base": "d", "ad": "d"}
