@@ -230,3 +230,17 @@ def test_a_draining_replica_is_no_slot() -> None:
     w.deps["d"] = evolve(w.deps["d"], replicas=1)
     w.step(idle_reports(w, in_flight=1))
     assert sorted(w.states().values()) == [S.DRAINING, S.STARTING]
+
+
+def test_retired_with_its_engine_already_gone_it_stops_at_once() -> None:
+    # Its node went suspect (so the exit was not acted on), then it was deleted: nothing
+    # is left to drain. (Found by the model-based test: a full pass and an incremental
+    # one disagreed on it.)
+    w = World(cluster(node("a")), dep(1, drain_timeout=60.0))
+    w.step()
+    w.ready()
+    w.set_node("a", state=NodeState.SUSPECT, silent_since=w.now)
+    del w.deps["d"]
+    res = w.step(reports_for(w.replicas, EngineState.EXITED, exit_code=1))
+    assert res.replicas == {}
+    assert any(e.text.startswith("engine on a exited while draining") for e in res.events)

@@ -51,7 +51,6 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
 
-from .drain import drain_verdict
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
 from .reconcile_state import NodeDelta, ReconcileState
@@ -133,7 +132,7 @@ def reconcile_dirty(
             r = p.work[rid]
             d = deployments.get(r.deployment)
             if r.state == S.DRAINING:
-                _observe_drain(p, r)
+                p.look_at_drain(r)
                 if d is not None:
                     rolled.add(r.deployment)
                 continue
@@ -221,23 +220,6 @@ def _mass_loss(state: ReconcileState, now: float, s: ReconcileSettings) -> str:
             "network; no replica is placed again until they return or an operator acts"
         )
     return ""
-
-
-def _observe_drain(p: Pass, r: Replica) -> None:
-    """A draining replica: stopped once drain.py's rule says so (drained, timed out, or a
-    failure); otherwise looked at again when time may change that, or when its nodes or
-    their reports do."""
-    nodes = {m.node_id: p.node_state(m.node_id) for m in r.members}
-    reports = {}
-    for m in r.members:
-        rep = p.state.report(m.node_id, r.id, r.generation)
-        if rep is not None:
-            reports[m.node_id] = rep
-    verdict = drain_verdict(r, p.now, p.settings.drain_grace, nodes, reports)
-    if verdict.stop:
-        p.drop(r, verdict.stop)
-    else:
-        p.state.wake_at(r.id, verdict.wake)
 
 
 def _observe(p: Pass, r: Replica, holding: str) -> None:

@@ -11,7 +11,7 @@ from attrs import evolve, frozen
 from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.node import NodeState
 
-from .drain import DEFAULT_GRACE
+from .drain import DEFAULT_GRACE, drain_verdict
 from .fabrics import sick_hcas
 from .placement import ClusterView, Placement, place
 from .reconcile_state import ReconcileState
@@ -129,7 +129,7 @@ class Pass:
         """Stop `r` for a reason that is no failure (`why`: "scaled down to 2"). One that
         serves drains first (the lifecycle table's DRAINS_FIRST): it leaves the routers'
         tables and keeps its engines until they are idle or `drain_timeout` seconds pass
-        (drain.py; reconcile's _observe_drain ends it); anything else stops at once, as
+        (drain.py; look_at_drain ends it); anything else stops at once, as
         does everything when `drain_timeout` is 0."""
         if r.state == S.DRAINING:
             return  # already leaving; its deadline stands
@@ -138,9 +138,25 @@ class Pass:
             return
         # The reason shows beside the state ("draining (scaled down to 1; stops ...)").
         text = f"{why}; stops once its requests finish, at most {drain_timeout:g}s"
-        self.to(r, E.RETIRE, drain_since=self.now, drain_until=self.now + drain_timeout,
-                replaces="", reason=text)
+        r = self.to(r, E.RETIRE, drain_since=self.now, drain_until=self.now + drain_timeout,
+                    replaces="", reason=text)
         self.event(r, f"draining: {text}")
+        self.look_at_drain(r)  # an engine already gone has nothing to drain
+
+    def look_at_drain(self, r: Replica) -> None:
+        """Stop draining `r` if drain.py says so (drained, timed out, a failure); else
+        look at it again when time alone may change that."""
+        nodes = {m.node_id: self.node_state(m.node_id) for m in r.members}
+        reports = {}
+        for m in r.members:
+            rep = self.state.report(m.node_id, r.id, r.generation)
+            if rep is not None:
+                reports[m.node_id] = rep
+        verdict = drain_verdict(r, self.now, self.settings.drain_grace, nodes, reports)
+        if verdict.stop:
+            self.drop(r, verdict.stop)
+        else:
+            self.state.wake_at(r.id, verdict.wake)
 
     def release(self, r: Replica) -> Replica:
         """Take `r` off its nodes; its state is the caller's to set."""

@@ -10,7 +10,7 @@ change only through the lifecycle table (replica_states.py).
 
 Every stop here is no failure, so it goes through Pass.retire: a ready replica drains
 (out of the routers' tables, its requests finish) before it is stopped; a draining one
-is no slot, is never moved, replaced or rolled, and leaves in reconcile's _observe_drain.
+is no slot, is never moved, replaced or rolled, and leaves by Pass.look_at_drain.
 """
 
 from __future__ import annotations
