@@ -1,7 +1,7 @@
 """Graceful stops end to end (issue 20 item 2): a server, agents with simulated GPUs, a
 router and a simulated engine streaming slowly, all real processes on loopback. Fifty
 streams run through the router on one replica; then the replica is scaled away, its
-deployment deleted, or its node drained: every stream completes with its whole answer,
+deployment deleted, its node drained, or its spec rolled: every stream completes with its whole answer,
 and only then is the engine stopped (well before drain_timeout: the agent reported it
 idle). With `drain_timeout: 0s` (the old immediate stop) the same streams are cut.
 """
@@ -35,7 +35,7 @@ drain_timeout: {drain}
 env:
   LLMGW_SIM_TOKENS_PER_SECOND: "10"
   LLMGW_SIM_TOKENS: "1000"
-  LLMGW_SIM_TTFT: "0.01"
+  LLMGW_SIM_TTFT: "{ttft}"
 """
 
 
@@ -60,9 +60,9 @@ class Rig:
         self.router = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / "router.log")
         self.c.procs.append(self.router)
 
-    def apply(self, drain: str) -> None:
+    def apply(self, drain: str, ttft: str = "0.01") -> None:
         f = self.root / "d.yaml"
-        f.write_text(DEPLOYMENT.format(drain=drain))
+        f.write_text(DEPLOYMENT.format(drain=drain, ttft=ttft))
         r = self.c.ctl("apply", "-f", str(f))
         assert r.returncode == 0, r.stderr
 
@@ -208,6 +208,20 @@ def test_node_drain_moves_the_replica_and_drains_every_stream(rig: Rig) -> None:
 
     check_drained(rig, replica, drain)
     # New requests go to the replacement.
+    assert stream(rig.router_port, 3)["done"]
+
+
+def test_rolling_update_drains_the_old_replica(rig: Rig) -> None:
+    rig.start(("n1", "n2"))
+    rig.apply("30s")
+    replica = rig.serving()
+
+    def update() -> None:
+        rig.apply("30s", ttft="0.02")  # a new template: surge one, then retire the old
+        wait_for(lambda: any(r["state"] == "ready" and r["id"] != replica["id"]
+                             for r in rig.replicas().values()), 30, "the new replica ready")
+
+    check_drained(rig, replica, update)
     assert stream(rig.router_port, 3)["done"]
 
 
