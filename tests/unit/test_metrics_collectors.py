@@ -59,7 +59,9 @@ def test_server_collector_reads_the_state() -> None:
     a, b = dep("a", 2), dep("b", 1)
     o = SimpleNamespace(cp=cp, deployments={"a": a, "b": b},
                         replicas={"a-0": rep(a, 0, ReplicaState.READY), "a-1": rep(a, 1, ReplicaState.STARTING),
-                                  "b-0": rep(b, 0, ReplicaState.PENDING, placed=False)},
+                                  "b-0": rep(b, 0, ReplicaState.PENDING, placed=False),
+                                  # Deleted, still draining its requests: counted as such.
+                                  "g-0": rep(dep("g", 1), 0, ReplicaState.DRAINING)},
                         pending={"b-0": "no room"}, holding="", failed_passes=3, on_pass=None)
     m = ServerMetrics()
     m.watch(o)  # type: ignore[arg-type]
@@ -73,6 +75,8 @@ def test_server_collector_reads_the_state() -> None:
     assert at(s, "llmgw_server_replicas", deployment="a", state="starting") == 1
     assert at(s, "llmgw_server_replicas", deployment="a", state="pending") == 0  # zero, not absent
     assert at(s, "llmgw_server_replicas", deployment="b", state="pending") == 1
+    assert at(s, "llmgw_server_replicas", deployment="g", state="draining") == 1
+    assert at(s, "llmgw_server_replicas", deployment="a", state="draining") == 0
     assert at(s, "llmgw_server_deployment_replicas_desired", deployment="a") == 2
     assert at(s, "llmgw_server_replicas_unschedulable") == 1
     assert at(s, "llmgw_server_mass_loss_hold") == 0
