@@ -62,7 +62,8 @@ def test_server_collector_reads_the_state() -> None:
                                   "b-0": rep(b, 0, ReplicaState.PENDING, placed=False),
                                   # Deleted, still draining its requests: counted as such.
                                   "g-0": rep(dep("g", 1), 0, ReplicaState.DRAINING)},
-                        pending={"b-0": "no room"}, holding="", failed_passes=3, on_pass=None)
+                        pending={"b-0": "no room"}, holding="", failed_passes=3, on_pass=None,
+                        autoscaler=SimpleNamespace(decisions={}, desired={}))
     m = ServerMetrics()
     m.watch(o)  # type: ignore[arg-type]
     m.zap_denied("unknown key")
