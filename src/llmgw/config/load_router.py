@@ -43,6 +43,13 @@ def _check(path: str, cfg: RouterConfig) -> None:
         raise ConfigError(path, "queue_size", f"{cfg.queue_size} must be 0 (no queue) or more")
     if cfg.queue_wait < 0:
         raise ConfigError(path, "queue_wait", f"{cfg.queue_wait:g}s must not be negative")
+    if cfg.load_report_interval < 0.1:
+        raise ConfigError(path, "load_report_interval",
+                          f"{cfg.load_report_interval:g}s must be at least 100ms")
+    if cfg.hold_queue < 0:
+        raise ConfigError(path, "hold_queue", f"{cfg.hold_queue} must be 0 (refuse at once) or more")
+    if cfg.cold_start_budget <= 0:
+        raise ConfigError(path, "cold_start_budget", f"{cfg.cold_start_budget:g}s must be more than 0")
     for name, route in cfg.models.items():
         if route.policy not in POLICIES:
             raise ConfigError(

@@ -56,6 +56,12 @@ class RouterConfig:
     metrics_interval: Duration = 0.25
     metrics_stale_after: Duration = 2.0
     table_poll_interval: Duration = 1.0
+    # Autoscale (issue 25): how often the router tells the server its load per model.
+    load_report_interval: Duration = 5.0
+    # A model scaled to zero: requests wait for its first replica, at most `hold_queue`
+    # of them per model and each at most `cold_start_budget`; then 503 with Retry-After.
+    hold_queue: int = 256
+    cold_start_budget: Duration = 120.0
     # Per served model name; a model not listed uses ModelRouteConfig()'s defaults.
     models: dict[str, ModelRouteConfig] = field(factory=dict)
     source: str = ""

@@ -95,6 +95,18 @@ def overloaded(model: str, detail: str, retry_after: int = 1) -> ApiError:
     )
 
 
+def cold(model: str, detail: str, retry_after: int = 5) -> ApiError:
+    """A model scaled to zero did not get a ready replica in time for this request (or
+    too many wait for one already): 503 with Retry-After, as an overload is."""
+    return ApiError(
+        503,
+        f"`{model}` is starting from zero replicas ({detail}); try again shortly",
+        type_="server_error",
+        code="model_starting",
+        retry_after=retry_after,
+    )
+
+
 def upstream_failed(model: str, detail: str) -> ApiError:
     return ApiError(
         502,

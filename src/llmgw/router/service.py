@@ -27,20 +27,26 @@ from llmgw.router.admission import Gate, Refused
 from llmgw.router.auth import ApiKey, KeyFile
 from llmgw.router.balancer import Replica, prefix_key
 from llmgw.router.errors import ApiError
+from llmgw.router.hold import HoldRefused, Holds
 from llmgw.router.http import ClientConn, H1Error, Request
 from llmgw.router.jsondepth import MAX_DEPTH, too_deep
 from llmgw.router.lag import LagMeter, watch_lag
+from llmgw.router.load_report import LoadCounter, report_load
 from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 from llmgw.transport.follow import LeaderClient
-from llmgw.transport.requests import EndpointsOp
+from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
 log = logging.getLogger("llmgw.router")
 
 TableSource = Callable[[int], Awaitable[Mapping[str, Any] | None]]
+LoadSink = Callable[[LoadReportOp], Awaitable[object]]
+# While requests are held for a model at zero, the table is asked for this often: they go
+# the moment its first replica is ready, not up to a poll interval later.
+HOLD_POLL = 0.1
 JSON = b"application/json"
 PROXIED = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 MAX_TRIES = 3
@@ -63,6 +69,11 @@ class Router:
         # Per served model: its admission queue (models of the table only: bounded).
         self.gates: dict[str, Gate] = {}
         self._per_replica = config.max_requests_per_replica
+        # Autoscale (issue 25): requests held for models at zero, arrivals per model for
+        # the load report, and the event that sends a report at once (a wake).
+        self.holds = Holds(config.hold_queue, config.cold_start_budget)
+        self.load = LoadCounter()
+        self.wake = trio.Event()
         m = self.metrics
         m.queues = lambda: {name: g.queued for name, g in self.gates.items()}
         m.loop_lag = self.lag.take_worst
@@ -99,12 +110,42 @@ class Router:
                     changed = False
                 if changed:
                     self._gates_follow_table()
+                    self._release_holds()
                     log.info(
                         "endpoint table version %d: %s",
                         self.table.version,
                         {m: len(p.replicas) for m, p in self.table.pools.items()},
                     )
-            await trio.sleep(self.config.table_poll_interval)
+            poll = self.config.table_poll_interval
+            await trio.sleep(min(poll, HOLD_POLL) if self.holds.any else poll)
+
+    def _release_holds(self) -> None:
+        """Held requests go once their model has a ready replica, or is cold no more."""
+        for name in list(self.holds.queues):
+            pool = self.table.pools.get(name)
+            if (pool is not None and pool.any_ready()) or name not in self.table.cold:
+                n = self.holds.release(name)
+                log.info("%d held requests for %s go on: %s", n, name,
+                         "a replica is ready" if pool is not None and pool.any_ready()
+                         else "it is no longer scaled to zero")
+
+    def load_report(self, woken: bool) -> LoadReportOp:
+        if woken:
+            self.wake = trio.Event()
+        queued = {name: g.queued for name, g in self.gates.items()}
+        held = {name: q.count for name, q in self.holds.queues.items()}
+        models = self.load.take(self.table, queued, held, trio.current_time(), self._stale)
+        return LoadReportOp(models, interval=self.config.load_report_interval, wake=woken)
+
+    async def _hold(self, model: str, since: float) -> None:
+        """Wait for the first replica of `model`, scaled to zero; tell the server now."""
+        if self.load.wake_due(model, trio.current_time()):
+            self.wake.set()
+        try:
+            await self.holds.hold(model, since)
+        except HoldRefused as exc:
+            self.metrics.refuse(model, exc.why)
+            raise errors.cold(model, str(exc)) from None
 
     def _capacity(self, model: str) -> int:
         pool = self.table.pools.get(model)
@@ -254,6 +295,10 @@ class Router:
             pool = self.table.pools.get(m)
             if key is not None and not key.allows(m):
                 raise errors.unknown_model(m)
+            self.load.arrive(m)
+            if (pool is None or not pool.any_ready()) and m in self.table.cold:
+                await self._hold(m, t0)
+                pool = self.table.pools.get(m)
             if pool is None or not pool.any_ready():
                 why = self.table.waiting.get(m)
                 if why is not None:
@@ -379,6 +424,7 @@ async def serve_router(
     config: RouterConfig,
     *,
     table_source: TableSource,
+    load_sink: LoadSink | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
@@ -404,6 +450,9 @@ async def serve_router(
                 router._fetch_metrics,
                 config.metrics_interval,
             )
+            if load_sink is not None:
+                nursery.start_soon(report_load, router.load_report, load_sink,
+                                   config.load_report_interval, lambda: router.wake)
             nursery.start_soon(trio.serve_listeners, router.handle, listeners)
             task_status.started((bound[0], bound[1]))
     finally:
@@ -427,4 +476,10 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
         )
         return result if isinstance(result, Mapping) else None
 
-    await serve_router(config, table_source=source)
+    # Load reports on a client of their own: one request at a time each.
+    reporter = LeaderClient(config.server, request)
+
+    async def sink(op: LoadReportOp) -> object:
+        return await reporter(config.keys.secret_key, config.keys.server_key, op, timeout)
+
+    await serve_router(config, table_source=source, load_sink=sink)

@@ -37,6 +37,8 @@ class EndpointTable:
         self.waiting: dict[str, str] = {}
         # Adapter name -> the served name of its base.
         self.bases: dict[str, str] = {}
+        # Served names scaled to zero (or waking): their requests are held, not refused.
+        self.cold: frozenset[str] = frozenset()
         self._rng = rng or random.Random()
 
     def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
@@ -81,6 +83,7 @@ class EndpointTable:
         self.pools = pools
         self.bases = bases
         self.waiting = dict(snap.waiting)
+        self.cold = frozenset(snap.cold)
         self.version = snap.version
         return True
 
