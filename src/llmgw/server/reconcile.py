@@ -50,6 +50,8 @@ from attrs import evolve, field, frozen
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
+from llmgw.model.preflight import AVOID_SECONDS
+from llmgw.model.preflight import failure as preflight_failure
 
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
@@ -269,6 +271,20 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
         p.event(r, f"port {failed.conflict_port} on {node_id} is taken ({failed.reason}): placing again")
         p.place(p.unplace(r))
         return
+    if failed is not None and r.spec.nodes > 1 and r.restarts + 1 < s.crashloop_after:
+        why = preflight_failure(failed.exit_code, failed.log_tail)
+        if why:
+            # The gang's collective check failed: the nodes or the links between them,
+            # not the engine. Counted as a failure, but placed again at once, away from
+            # these nodes for a while (every member's probe fails alike, so all of them).
+            nodes = r.node_ids
+            p.event(r, f"pre-flight failed on {', '.join(nodes)} (fabric {r.fabric or '-'}): {why}; "
+                       f"avoiding them for {AVOID_SECONDS:g}s, placing again")
+            p.avoid(nodes, AVOID_SECONDS)
+            r = p.put(evolve(r, restarts=r.restarts + 1, last_log_tail=failed.log_tail,
+                             ready_since=0.0))
+            p.place(p.unplace(r))
+            return
     if failed is not None:
         n = r.restarts + 1
         delay = min(s.backoff_cap, s.backoff_base * 2 ** (n - 1))

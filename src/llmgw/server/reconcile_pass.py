@@ -6,6 +6,8 @@ per-deployment steps); never escapes a pass.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from attrs import evolve, frozen
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
@@ -169,7 +171,10 @@ class Pass:
         return self.to(self.release(r), E.UNPLACED)
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
-        """Place an unplaced replica with a fresh generation; PENDING with a reason if none."""
+        """Place an unplaced replica with a fresh generation; PENDING with a reason if none.
+        A gang also avoids the nodes where a gang's pre-flight failed lately."""
+        if r.spec.nodes > 1 and self.state.avoid:
+            exclude = exclude | self.avoided()
         key = (self.hash(r.spec), exclude)
         view = self.view
         # A spec that found no room needs no second look until room may have grown.
@@ -244,6 +249,20 @@ class Pass:
             if self.draining(m.node_id):
                 return f"node {m.node_id} draining"
         return self.sick_gpu(r) or self.sick_hca(r)
+
+    def avoided(self) -> frozenset[str]:
+        """The nodes new gangs avoid now (ReconcileState.avoid, expired ones dropped)."""
+        avoid = self.state.avoid
+        for n in [n for n, until in avoid.items() if until <= self.now]:
+            del avoid[n]
+        return frozenset(avoid)
+
+    def avoid(self, nodes: Iterable[str], seconds: float) -> None:
+        """Keep new gangs off `nodes` for `seconds` (a gang left waiting for room is
+        looked at again when the first may be tried again: ReconcileState.track)."""
+        until = self.now + seconds
+        for n in nodes:
+            self.state.avoid[n] = max(until, self.state.avoid.get(n, 0.0))
 
     def sick_hca(self, r: Replica) -> str:
         """The first of `r`'s members riding an HCA its agent reports unhealthy, as "HCA
