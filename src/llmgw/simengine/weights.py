@@ -12,7 +12,8 @@ import os
 import struct
 
 READ_WEIGHTS_ENV = "LLMGW_SIM_READ_WEIGHTS"  # "1": read them (off: the suite's fake trees)
-# safetensors (Rust) refuses a header longer than this: "HeaderTooLarge".
+# safetensors (Rust) refuses a header longer than this. Its messages below are safetensors
+# 0.8's (vLLM 0.32's venv), as safe_open raises them on such files.
 MAX_HEADER = 100_000_000
 
 
@@ -32,7 +33,8 @@ def check_weights(model: str) -> str:
         if name.endswith(".safetensors"):
             why = _safetensors_problem(os.path.join(model, name))
             if why:
-                return f"safetensors_rust.SafetensorError: Error while deserializing header: {why}"
+                return ("safetensors._safetensors_rust.SafetensorError: Error while "
+                        f"deserializing header: {why}")
     return ""
 
 
@@ -42,19 +44,19 @@ def _safetensors_problem(path: str) -> str:
         with open(path, "rb") as f:
             raw = f.read(8)
             if len(raw) < 8:
-                return "HeaderTooSmall"
+                return "header too small"
             (n,) = struct.unpack("<Q", raw)
             if n > MAX_HEADER:
-                return "HeaderTooLarge"
+                return "header too large"
             if 8 + n > size:
-                return "MetadataIncompleteBuffer"
+                return "invalid header length"
             header = json.loads(f.read(n))
-    except (OSError, ValueError):
-        return "InvalidHeaderDeserialization"
+    except (OSError, ValueError) as exc:
+        return f"invalid JSON in header: {exc}"
     if not isinstance(header, dict):
-        return "InvalidHeaderDeserialization"
+        return "invalid JSON in header"
     end = max((v["data_offsets"][1] for k, v in header.items()
                if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
     if 8 + n + end != size:
-        return "MetadataIncompleteBuffer"
+        return "incomplete metadata, file not fully covered"
     return ""
