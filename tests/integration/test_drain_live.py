@@ -133,7 +133,8 @@ def stream(port: int, tokens: int, on_first: Callable[[], None] = lambda: None) 
     # The whole answer: every token, the chunk with its finish_reason, then [DONE].
     ok = (head.startswith(b"HTTP/1.1 200") and b'"finish_reason": "length"' in rest
           and b"data: [DONE]" in rest and b'"error"' not in rest)
-    return {"done": ok and events >= tokens, "events": events, "body": rest[-300:],
+    return {"done": ok and events >= tokens, "why": "" if ok else "incomplete",
+            "events": events, "body": rest[-300:],
             "end": time.monotonic()}
 
 
@@ -155,7 +156,10 @@ def engine_of(rig: Rig, replica: str) -> int:
     return next(p for p, tag in engine_pids(rig.root).items() if tag.startswith(replica))
 
 
-def check_drained(rig: Rig, replica: dict[str, Any], stop: Callable[[], None]) -> None:
+def check_drained(rig: Rig, replica: dict[str, Any], stop: Callable[[], None],
+                  alone: bool = True) -> None:
+    """`alone`: the draining replica is the model's last, so once the router has dropped
+    it a new request is refused (it would succeed if the router still sent it there)."""
     pid = engine_of(rig, replica["id"])
     seen: list[dict[str, Any]] = []
     seen_at: list[float] = []
@@ -165,6 +169,9 @@ def check_drained(rig: Rig, replica: dict[str, Any], stop: Callable[[], None]) -
         seen.append(wait_for(lambda: (r := rig.replicas().get(replica["id"]))
                              and r["state"] == "draining" and r, 10, "the replica draining"))
         seen_at.append(time.monotonic())
+        if alone:
+            wait_for(lambda: stream(rig.router_port, 1)["why"] == "refused", 5,
+                     "the router sending the draining replica nothing new")
 
     results, stopped_at = run_streams(rig, stop_and_look)
     cut = [r for r in results if not r["done"]]
@@ -206,7 +213,7 @@ def test_node_drain_moves_the_replica_and_drains_every_stream(rig: Rig) -> None:
         wait_for(lambda: any(r["state"] == "ready" and r["nodes"] != [node]
                              for r in rig.replicas().values()), 30, "the replacement ready")
 
-    check_drained(rig, replica, drain)
+    check_drained(rig, replica, drain, alone=False)
     # New requests go to the replacement.
     assert stream(rig.router_port, 3)["done"]
 
@@ -221,7 +228,7 @@ def test_rolling_update_drains_the_old_replica(rig: Rig) -> None:
         wait_for(lambda: any(r["state"] == "ready" and r["id"] != replica["id"]
                              for r in rig.replicas().values()), 30, "the new replica ready")
 
-    check_drained(rig, replica, update)
+    check_drained(rig, replica, update, alone=False)
     assert stream(rig.router_port, 3)["done"]
 
 
