@@ -122,3 +122,21 @@ def test_served_names_maps_adapters_to_their_base() -> None:
                           "replicas": 1, "served_name": "base",
                           "adapters": [{"name": "ad", "path": "/a"}]}, "t")
     assert served_names({"d": d}) == {"base": "d", "ad": "d"}
+
+
+def test_a_count_set_from_outside_starts_the_cool_down_again() -> None:
+    a = Autoscaler()
+    d = _deployment(scale_up_after="1s", scale_down_after="2s")
+    ds = {"d": evolve(d, replicas=3)}
+    for t in (0.0, 1.0, 2.0, 3.0):
+        a.report("r1", t, LoadReportOp({}, interval=1.0), ds)
+        changes = a.step(t, ds)
+        if changes:
+            break
+    assert [(c.before, c.after) for c in changes] == [(3, 2)]
+    # The autoscaler asked for 2; an operator pins 3 then applies: 2 s before a step down.
+    for t in (4.0, 5.0, 5.9):
+        a.report("r1", t, LoadReportOp({}, interval=1.0), ds)
+        assert a.step(t, ds) == [], t
+    a.report("r1", 6.0, LoadReportOp({}, interval=1.0), ds)
+    assert [(c.before, c.after) for c in a.step(6.0, ds)] == [(3, 2)]

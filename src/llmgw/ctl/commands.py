@@ -131,6 +131,9 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
     sc = cmd("scale", "set a deployment's replica count")
     sc.add_argument("name", metavar="NAME", help="the deployment's name")
     sc.add_argument("--replicas", type=int, required=True, metavar="N", help="how many replicas")
+    sc.add_argument("--pin", action="store_true",
+                    help="on a deployment with autoscale: set the count anyway and switch "
+                         "autoscale off for it until its next apply")
     for name, help in [("cordon", "place nothing new on a node"),
                        ("uncordon", "let placement use a node again"),
                        ("drain", "cordon a node and move its replicas away (new ready first)")]:
@@ -176,7 +179,7 @@ def op_of(args: argparse.Namespace) -> Op:
         kind_of(c, args.kind, ("deployment",))
         return DeleteOp(args.name)
     if c == "scale":
-        return ScaleOp(args.name, args.replicas)
+        return ScaleOp(args.name, args.replicas, pin=args.pin)
     if c in ("cordon", "uncordon", "drain"):
         return CordonOp(args.node, cordoned=c != "uncordon", draining=c == "drain")
     if c == "rediscover":

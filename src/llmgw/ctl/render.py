@@ -311,6 +311,7 @@ def render(cmd: str, kind: str, result: Any, *, wide: bool = False) -> str:
             text += f"; not connected: {', '.join(result['not_connected'])}"
         return text
     if cmd == "scale":
-        return f"deployment {result['deployment']} scaled to {result['replicas']}"
+        text = f"deployment {result['deployment']} scaled to {result['replicas']}"
+        return f"{text} ({result['note']})" if result.get("note") else text
     state = "draining" if result.get("draining") else "cordoned" if result.get("cordoned") else "uncordoned"
     return f"node {result['node']} {state}"

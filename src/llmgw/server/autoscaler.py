@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 import trio
-from attrs import frozen
+from attrs import evolve, frozen
 
 from llmgw.model.deployment import Deployment
 from llmgw.server.autoscale import LoadSample, ScaleMemory, decide, observe
@@ -101,7 +101,12 @@ class Autoscaler:
                 continue
             sample = samples.get(name, LoadSample(at=now))
             self.last[name] = sample
-            memory = observe(spec, self.memory.get(name, ScaleMemory()), sample)
+            memory = self.memory.get(name, ScaleMemory())
+            if self.desired.get(name, d.replicas) != d.replicas:
+                # Set from outside (ctl scale --pin, then an apply): a change like ours, so
+                # the cool-down before a step down counts from now.
+                memory = evolve(memory, last_change=now)
+            memory = observe(spec, memory, sample)
             decision = decide(spec, d.replicas, memory, now)
             self.memory[name] = decision.memory
             self.desired[name] = decision.replicas

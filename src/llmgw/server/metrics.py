@@ -195,9 +195,20 @@ class _Collector:
         auto_desired = GaugeMetricFamily("llmgw_server_autoscale_desired_replicas",
                                          "The count the autoscaler's last decision asked for, per "
                                          "deployment with autoscale", labels=["deployment"])
+        auto_load = GaugeMetricFamily("llmgw_server_autoscale_load",
+                                      "The routers' summed load the autoscaler last decided on, per "
+                                      "deployment with autoscale (in_flight counts held requests)",
+                                      labels=["deployment", "what"])
+        auto_routers = GaugeMetricFamily("llmgw_server_autoscale_routers",
+                                         "Routers whose load report is fresh (counted in the sums)")
         if o is not None:
             cp = o.cp
             a = o.autoscaler
+            for name, sample in sorted(a.last.items()):
+                auto_load.add_metric([name, "in_flight"], sample.in_flight)
+                auto_load.add_metric([name, "waiting"], sample.waiting)
+                auto_load.add_metric([name, "requests"], sample.requests)
+            auto_routers.add_metric([], len(a.board.reports))
             for (name, direction), n in sorted(a.decisions.items()):
                 decisions.add_metric([name, direction], n)
             for name, n in sorted(a.desired.items()):
@@ -236,4 +247,4 @@ class _Collector:
             placed.add_metric([], self.m.placed)
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
-                    decisions, auto_desired)
+                    decisions, auto_desired, auto_load, auto_routers)
