@@ -46,6 +46,8 @@ EXAMPLES: tuple[Example, ...] = (
     Example("deployment-sglang", "conf/deployments/qwen-sglang.yaml", "an SGLang deployment"),
     Example("deployment-lora", "conf/deployments/llama-8b-lora.yaml",
             "a vLLM deployment serving LoRA adapters by name"),
+    Example("deployment-autoscale", "conf/deployments/llama-8b-autoscale.yaml",
+            "a vLLM deployment whose replicas follow load, to zero and back"),
     Example("grafana", "conf/grafana/llmgw.json", "the Grafana dashboard"),
     Example("server-unit", "systemd/llmgw-server.service", "systemd unit of the server"),
     Example("agent-unit", "systemd/llmgw-agent.service", "systemd unit of the agent"),

@@ -33,6 +33,8 @@ def test_examples_load() -> None:
     assert demo.replicas == 2 and demo.startup_timeout == 60.0
     assert any(d.nodes == 2 for d in loaded.values())
     assert any(d.engine == EngineKind.SGLANG for d in loaded.values())
+    auto = loaded["llama-8b-autoscale.yaml"].autoscale
+    assert auto is not None and (auto.min, auto.max, auto.idle_to_zero) == (0, 8, 1800.0)
 
 
 def test_defaults() -> None:
