@@ -160,46 +160,54 @@ def make_keys(keys_dir: Path) -> None:
             keys.issue_key(str(keys_dir), role, name)
 
 
-def _kept_port(root: Path, file: str, read: Callable[[str], str], what: str) -> int:
+def _kept_port(root: Path, file: str, read: Callable[[str], str], what: str, *, note: str = "",
+               taken: frozenset[int] = frozenset()) -> int:
     """The port the last run in `root` gave `what` (the host:port or tcp:// address that
     `read` takes out of `file`'s text), where it is still free, so that a kept state
-    folder's addresses stay the same from run to run; else any free port."""
+    folder's addresses stay the same from run to run; else any free port. `taken`: ports
+    this run has given out already (free until bound, so a new pick could repeat one)."""
     try:
         port = int(read((root / file).read_text()).rsplit(":", 1)[1])
     except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError, KeyError, TypeError, IndexError,
             ValueError, AttributeError):
-        return free_port()  # a first run, or a file that is not ours to trust
-    if 1024 <= port <= 65535 and port_is_free(HOST, port):
+        return _free_port_but(taken)  # a first run, or a file that is not ours to trust
+    if 1024 <= port <= 65535 and port not in taken and port_is_free(HOST, port):
         return port
-    new = free_port()
-    _say(f"the {what}'s port of the last run ({port}) is taken; it is {new} this time")
+    new = _free_port_but(taken)
+    _say(f"the {what}'s port of the last run ({port}) is taken; it is {new} this time{note}")
     return new
+
+
+def _free_port_but(taken: frozenset[int]) -> int:
+    while (port := free_port()) in taken:
+        pass  # the kernel handed out one it gave us before: ask again
+    return port
 
 
 def server_port(root: Path) -> int:
     """The server's port: kept from the last run where free (ctl.toml follows it)."""
-    return _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["bind"],
-                      f"server ({root / 'ctl.toml'} says so)")
+    return _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["bind"], "server",
+                      note=f" ({root / 'ctl.toml'} says so)")
 
 
-def metrics_ports(root: Path) -> tuple[int, int]:
+def metrics_ports(root: Path, taken: frozenset[int]) -> tuple[int, int]:
     """The server's and the agent's metrics listeners: free ports, never the production
     defaults (9464, 9465), so that a second dev, or one beside a real server or agent,
-    starts; kept from the last run where free."""
+    starts; kept from the last run where free, and none of `taken`."""
     server = _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["metrics_bind"],
-                        "status page")
+                        "status page", taken=taken)
     agent = _kept_port(root, "agent.yaml", lambda t: yaml.safe_load(t)["metrics_bind"],
-                       "agent metrics")
-    while agent == server:  # both free until bound: two picks may agree
-        agent = free_port()
+                       "agent metrics", taken=taken | {server})
     return server, agent
 
 
 def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
     keys_dir = root / "keys"
     make_keys(keys_dir)
-    address = f"tcp://{HOST}:{server_port(root)}"
-    server_metrics, agent_metrics = (f"{HOST}:{p}" for p in metrics_ports(root))
+    zmq_port = server_port(root)
+    address = f"tcp://{HOST}:{zmq_port}"
+    server_metrics, agent_metrics = (
+        f"{HOST}:{p}" for p in metrics_ports(root, frozenset({zmq_port, router_port})))
     server = {
         "bind": address,
         "metrics_bind": server_metrics,

@@ -62,3 +62,17 @@ def test_metrics_listeners_get_free_ports_kept_with_the_folder(tmp_path: Path) -
 
     assert load_server_config(str(again.server_toml)).metrics_bind == again.server_metrics
     assert load_agent_config(str(again.agent_yaml)).metrics_bind == again.agent_metrics
+
+
+def test_a_status_page_port_taken_since_the_last_run_is_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = dev.write_configs(tmp_path, dev.DevOptions(state_dir=str(tmp_path)), 8080)
+    port = int(first.server_metrics.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.bind((dev.HOST, port))
+        squatter.listen()
+        again = dev.write_configs(tmp_path, dev.DevOptions(state_dir=str(tmp_path)), 8080)
+    assert again.server_metrics != first.server_metrics
+    assert again.agent_metrics == first.agent_metrics
+    assert f"the status page's port of the last run ({port}) is taken" in capsys.readouterr().out
