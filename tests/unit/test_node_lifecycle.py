@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from llmgw import PROTOCOL_VERSION
-from llmgw.agent.backoff import backoff_delay
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
+from llmgw.backoff import backoff_delay
 from llmgw.config.server import ServerConfig
 from llmgw.errors import RefusedError
 from llmgw.model.inventory import Inventory, NodeInfo

@@ -16,7 +16,7 @@ from typing import Protocol
 import trio
 from attrs import define
 
-from llmgw.agent.backoff import backoff_delay
+from llmgw.backoff import backoff_delay
 from llmgw.errors import ProtocolError, RefusedError
 from llmgw.transport import codec
 from llmgw.transport.messages import (

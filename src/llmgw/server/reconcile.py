@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping
 
 from attrs import evolve, field, frozen
 
+from llmgw.backoff import exponential
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
@@ -287,7 +288,7 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
             return
     if failed is not None:
         n = r.restarts + 1
-        delay = min(s.backoff_cap, s.backoff_base * 2 ** (n - 1))
+        delay = exponential(n - 1, s.backoff_base, s.backoff_cap)
         why = failed.reason or (
             f"exit code {failed.exit_code}" if failed.exit_code is not None else str(failed.state)
         )
