@@ -17,6 +17,7 @@ from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server.autoscaler import Autoscaler
 from llmgw.server.control import ControlPlane, Node
 from llmgw.server.metrics import STORE_WRITES, ServerMetrics, TimedStore, placed_count
 
@@ -63,7 +64,7 @@ def test_server_collector_reads_the_state() -> None:
                                   # Deleted, still draining its requests: counted as such.
                                   "g-0": rep(dep("g", 1), 0, ReplicaState.DRAINING)},
                         pending={"b-0": "no room"}, holding="", failed_passes=3, on_pass=None,
-                        autoscaler=SimpleNamespace(decisions={}, desired={}))
+                        autoscaler=Autoscaler())
     m = ServerMetrics()
     m.watch(o)  # type: ignore[arg-type]
     m.zap_denied("unknown key")

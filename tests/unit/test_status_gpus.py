@@ -12,6 +12,7 @@ from llmgw.config.server import ServerConfig
 from llmgw.ctl.render import render
 from llmgw.model.inventory import Gpu, GpuProcess, Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server.autoscaler import Autoscaler
 from llmgw.server.control import ControlPlane, Node
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.status import describe_node, node_view
@@ -74,7 +75,8 @@ def test_the_gpus_gauge_counts_by_state_on_nodes_not_lost() -> None:
     cp.nodes = {"n1": a_node("n1"), "n2": a_node("n2", (gpu(0), gpu(1))),
                 "n3": a_node("n3", state=NodeState.LOST)}
     o = SimpleNamespace(cp=cp, deployments={}, replicas={}, pending={}, holding="", failed_passes=0,
-                        on_pass=None)
+                        on_pass=None,
+                        autoscaler=Autoscaler())
     m = ServerMetrics()
     m.watch(o)  # type: ignore[arg-type]
     s = scrape(m.registry)
