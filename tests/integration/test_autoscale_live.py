@@ -114,6 +114,11 @@ class Rig:
         assert r.returncode == 0, r.stderr
         return r.stdout
 
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/status.json",
+                                    timeout=5) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+
     def logs(self) -> str:
         return "\n".join(f"--- {n}\n{p.text()[-2000:]}" for n, (p, _) in self.routers.items())
 
@@ -159,6 +164,38 @@ def stream(port: int, tokens: int) -> dict[str, Any]:
     ok = b'"finish_reason": "length"' in rest and b"data: [DONE]" in rest and b'"error"' not in rest
     return {"done": ok and rest.count(b'"text":') >= tokens, "t0": t0, "first": first,
             "end": time.monotonic(), "body": rest[-200:]}
+
+
+class DrainWatch:
+    """While it runs: the most requests a draining replica's engine was running (its own
+    /metrics), so that 'none lost' is shown on replicas that had some when they went."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.busiest: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(rig,), daemon=True)
+        self._t.start()
+
+    def _run(self, rig: Rig) -> None:
+        while not self._stop.is_set():
+            try:
+                rows = [r for r in rig.status()["replicas"] if r["state"] == "draining"]
+                for r in rows:
+                    with urllib.request.urlopen(r["endpoint"].rstrip("/") + "/metrics",
+                                                timeout=2) as resp:
+                        text = resp.read().decode()
+                    m = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)
+                    if m:
+                        self.busiest[r["id"]] = max(self.busiest.get(r["id"], 0.0),
+                                                    float(m.group(1)))
+            except OSError:
+                pass  # an engine that just stopped: nothing more to read from it
+            time.sleep(0.1)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._t.join(timeout=10)
+        return self.busiest
 
 
 class Load:
@@ -207,12 +244,16 @@ def test_up_down_zero_and_back(rig: Rig) -> None:
     # The load falls to two clients with 4 s streams (need: 1): down 3 -> 2 -> 1 while
     # streams run on the replicas that go.
     light = Load(port, 2, 40)
+    drains = DrainWatch(rig)
+    t_fall = time.monotonic()  # the heavy clients send no more; their last streams run ~2 s
     lost = [r for r in heavy.stop() if not r["done"]]
-    t_fall = time.monotonic()
     wait_for(lambda: rig.desired() == 2, 20, "scale down to 2", interval=0.1)
     down_after = time.monotonic() - t_fall
     wait_for(lambda: rig.desired() == 1, 20, "scale down to 1", interval=0.1)
     wait_for(lambda: rig.placed() == 1, 40, "the two replicas gone (drained)", interval=0.2)
+    busiest = drains.stop()
+    # Two replicas drained, and requests were running on them as they did.
+    assert len(busiest) == 2 and max(busiest.values()) >= 1, busiest
     done = light.stop()
     lost += [r for r in done if not r["done"]]
     assert not lost, (lost[:3], rig.logs())
@@ -251,7 +292,7 @@ def test_up_down_zero_and_back(rig: Rig) -> None:
     assert 'llmgw_server_autoscale_decisions_total{deployment="d",direction="up"} 2.0' in metrics
     assert 'llmgw_server_autoscale_decisions_total{deployment="d",direction="down"} 3.0' in metrics
     print(f"\nautoscale figures: up {up_after:.2f}s after the load step (window 1s), "
-          f"down 3->2 {down_after:.2f}s after the load fell (window 2s), zero {zero_after:.2f}s "
+          f"down 3->2 {down_after:.2f}s after the heavy clients stopped (window 2s), zero {zero_after:.2f}s "
           f"after the last request (idle_to_zero 3s); {n_requests} requests, {len(lost)} lost; "
           f"from zero: first token {ttft:.2f}s after the request, {hold_beyond:.2f}s after the "
           f"server showed the replica ready (engine load 1s)")

@@ -295,7 +295,8 @@ class Router:
             pool = self.table.pools.get(m)
             if key is not None and not key.allows(m):
                 raise errors.unknown_model(m)
-            self.load.arrive(m)
+            if pool is not None or m in self.table.cold:  # the table's names only: bounded
+                self.load.arrive(m)
             if (pool is None or not pool.any_ready()) and m in self.table.cold:
                 await self._hold(m, t0)
                 pool = self.table.pools.get(m)
