@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.http1.chunked import ChunkedReader
-from llmgw.http1.client import get
+from llmgw.http1.client import NoAnswer, get, request
 from llmgw.http1.grammar import MAX_HEAD, H1Error
 from llmgw.http1.response import ResponseParser
 
@@ -125,5 +125,37 @@ async def test_get_gives_up_on_a_silent_server(autojump_clock: trio.testing.Mock
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     assert await get("127.0.0.1", port, "/x", timeout=2) == (0, b"")  # accepted, never answered
+    for lst in listeners:
+        await lst.aclose()
+
+
+async def test_request_sends_its_body_and_names_what_went_wrong() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    got: list[bytes] = []
+
+    async def echo() -> None:
+        stream = await listeners[0].accept()
+        async with stream:
+            data = b""
+            while not data.endswith(b"{}"):
+                data += await stream.receive_some(4096)
+            got.append(data)
+            await stream.send_all(LENGTH)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(echo)
+        assert await request("127.0.0.1", port, "POST", "/x", b"{}", timeout=5,
+                             headers=(("Content-Type", "application/json"),)) == (200, b"hello")
+    assert got[0].startswith(b"POST /x HTTP/1.1\r\n")
+    assert b"\r\nContent-Length: 2\r\n" in got[0] and b"\r\nContent-Type: application/json\r\n" in got[0]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve_once, LENGTH, listeners)
+        with pytest.raises(NoAnswer, match="larger than 10 bytes"):
+            await request("127.0.0.1", port, "GET", "/x", timeout=5, max_answer=10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_serve_once, b"SSH-2.0-OpenSSH\r\n\r\n", listeners)
+        with pytest.raises(NoAnswer, match="not an HTTP/1.1 answer"):
+            await request("127.0.0.1", port, "GET", "/x", timeout=5)
     for lst in listeners:
         await lst.aclose()

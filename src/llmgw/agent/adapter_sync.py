@@ -1,7 +1,8 @@
 """The trio shell around adapters.py: ask a running engine which LoRA adapters it has,
 load and unload until it has the wanted ones, say what came of it.
 
-One short HTTP/1.1 exchange per call (Connection: close), as the health probe does: these
+One short HTTP/1.1 exchange per call (Connection: close, llmgw.http1.client), as the
+health probe does: these
 calls are rare (an engine turning ready, a deployment's adapters changing) and must not
 share a connection with anything that could hold it.
 """
@@ -24,6 +25,9 @@ from llmgw.agent.adapters import (
     answer_error,
     loaded_adapters,
 )
+from llmgw.http1.client import NoAnswer, request
+from llmgw.http1.grammar import H1Error
+from llmgw.http1.response import ResponseParser
 from llmgw.model.engine import Adapter
 
 log = logging.getLogger(__name__)
@@ -43,55 +47,28 @@ async def call(host: str, port: int, method: str, path: str, payload: Any = None
                timeout: float) -> tuple[int, bytes]:
     """(status, body) of one request; EngineCallError when no answer came."""
     body = b"" if payload is None else json.dumps(payload).encode()
-    head = (f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
-            "User-Agent: llmgw-agent\r\nAccept: application/json\r\n")
+    headers: tuple[tuple[str, str], ...] = (("Accept", "application/json"),)
     if payload is not None:
-        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-    raw = b""
-    with trio.move_on_after(timeout) as scope:
-        try:
-            stream = await trio.open_tcp_stream(host, port)
-            async with stream:
-                await stream.send_all(head.encode() + b"\r\n" + body)
-                while len(raw) <= MAX_ANSWER:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        break
-                    raw += chunk
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise EngineCallError(f"{method} {path}: {exc}") from None
-    if scope.cancelled_caught:
-        raise EngineCallError(f"{method} {path}: no answer within {timeout:g}s")
-    return parse_answer(raw, f"{method} {path}")
+        headers += (("Content-Type", "application/json"),)
+    try:
+        return await request(host, port, method, path, body, timeout=timeout, headers=headers,
+                             max_answer=MAX_ANSWER, user_agent="llmgw-agent")
+    except NoAnswer as exc:
+        raise EngineCallError(f"{method} {path}: {exc}") from None
 
 
 def parse_answer(raw: bytes, what: str) -> tuple[int, bytes]:
     """A whole HTTP/1.1 answer read to the close: its status and its (de-chunked) body."""
-    head, sep, body = raw.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = lines[0].split()
-    if not sep or len(status) < 2 or not status[0].startswith(b"HTTP/") or not status[1].isdigit():
-        raise EngineCallError(f"{what}: not an HTTP answer ({raw[:80]!r})")
-    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
-    if fields.get(b"transfer-encoding", b"").lower() == b"chunked":
-        body = _dechunk(body, what)
-    elif b"content-length" in fields and fields[b"content-length"].isdigit():
-        body = body[: int(fields[b"content-length"])]
-    return int(status[1]), body
-
-
-def _dechunk(data: bytes, what: str) -> bytes:
-    out = b""
-    while True:
-        size_line, sep, rest = data.partition(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0], 16)
-        except ValueError:
-            raise EngineCallError(f"{what}: bad chunked body") from None
-        if not sep or size == 0:
-            return out
-        out += rest[:size]
-        data = rest[size + 2:]
+    parser = ResponseParser()
+    parser.feed(raw)
+    parser.eof()
+    try:
+        head = parser.head()
+        body = parser.body()
+    except H1Error as exc:
+        raise EngineCallError(f"{what}: not an HTTP answer: {exc.message}") from None
+    assert head is not None and body is not None  # at EOF: whole, or an error
+    return head.status, body
 
 
 async def sync_adapters(host: str, port: int, served_name: str, wanted: tuple[Adapter, ...],
