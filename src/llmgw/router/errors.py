@@ -133,7 +133,7 @@ _PROTOCOL_CODES = {
 
 
 def protocol(status: int, detail: str) -> ApiError:
-    """A request the HTTP parser refused (h1.H1Error), as an OpenAI-shaped error."""
+    """A request the HTTP parser refused (llmgw.http1 H1Error), as an OpenAI-shaped error."""
     if status == 413:
         return ApiError(413, detail, code="request_too_large")
     return ApiError(status, f"malformed HTTP request: {detail}", code=_PROTOCOL_CODES.get(status))
