@@ -11,7 +11,8 @@ import sys
 from sglang.srt.server_args import ServerArgs
 
 KEYS = ("model_path", "served_model_name", "host", "port", "tp_size", "nnodes", "node_rank",
-        "dist_init_addr", "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank")
+        "dist_init_addr", "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
+        "enable_metrics")
 
 
 def main() -> None:

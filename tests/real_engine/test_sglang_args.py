@@ -67,6 +67,7 @@ def parsed(vllm_venv: Path) -> dict[str, dict]:
 def test_sglang_plans_parse(parsed: dict[str, dict]) -> None:
     for name, res in parsed.items():
         assert res["ok"], (name, res)
+        assert res["args"]["enable_metrics"] is True, name  # /metrics: drains and load reads
     assert parsed["single"]["args"]["tp_size"] == 4
     # One node with the block: the dist-init port (and the six after it that dp attention
     # binds) come from the block, not from --port + 233.

@@ -244,7 +244,7 @@ SG = (
 
 def test_sglang_single_node() -> None:
     plan = build_plan(spec(EngineKind.SGLANG), config(), WORK, gpu_indices=IDX)
-    assert plan.main.argv == (*SG, "--tp-size", "2", "--max-model-len", "8192")
+    assert plan.main.argv == (*SG, "--tp-size", "2", "--enable-metrics", "--max-model-len", "8192")
     assert plan.main.env == SINGLE_ENV and plan.health_checked
 
 
@@ -253,7 +253,7 @@ def test_sglang_multi_node(rank: int) -> None:
     plan = build_plan(spec(EngineKind.SGLANG, rank=rank), config(), WORK, gpu_indices=IDX)
     # SGLang's --tp counts the whole replica: 2 GPUs per node x 2 nodes.
     assert plan.main.argv == (
-        *SG, "--tp-size", "4", "--nnodes", "2", "--node-rank", str(rank),
+        *SG, "--tp-size", "4", "--enable-metrics", "--nnodes", "2", "--node-rank", str(rank),
         "--dist-init-addr", "10.0.0.1:29600", "--max-model-len", "8192",
     )  # fmt: skip
     assert plan.main.env == MULTI_ENV
@@ -526,14 +526,14 @@ def test_vllm_port_deployment_wins_and_is_reported() -> None:
 def test_sglang_ports_from_the_engine_block() -> None:
     one = build_plan(spec(EngineKind.SGLANG, port_base=20100), config(), WORK, gpu_indices=IDX).main.argv
     assert one == (
-        *SG, "--tp-size", "2", "--nccl-port", "20100", "--dist-init-addr", "10.0.0.2:20101",
+        *SG, "--tp-size", "2", "--enable-metrics", "--nccl-port", "20100", "--dist-init-addr", "10.0.0.2:20101",
         "--max-model-len", "8192",
     )  # fmt: skip
     for rank in (0, 1):
         s = spec(EngineKind.SGLANG, rank=rank, port_base=20200)
         argv = build_plan(s, config(), WORK, gpu_indices=IDX).main.argv
         assert argv == (
-            *SG, "--tp-size", "4", "--nccl-port", "20200", "--nnodes", "2", "--node-rank", str(rank),
+            *SG, "--tp-size", "4", "--enable-metrics", "--nccl-port", "20200", "--nnodes", "2", "--node-rank", str(rank),
             "--dist-init-addr", "10.0.0.1:29600", "--max-model-len", "8192",
         )  # fmt: skip
 

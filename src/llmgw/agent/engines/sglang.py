@@ -46,6 +46,9 @@ def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--host", config.mgmt_addr,
         "--port", str(spec.port),
         "--tp-size", str(tp),
+        # SGLang serves /metrics only with this; its running and queued counts are what a
+        # drain waits on (agent/inflight.py) and what the router balances by.
+        "--enable-metrics",
     )  # fmt: skip
     if spec.port_base:
         argv += ("--nccl-port", str(spec.port_base + SGLANG_NCCL_PORT))
