@@ -55,7 +55,7 @@ async def _worker(servers: list[str], server_key: str, secrets: list[str], inter
     import zmq
 
     from llmgw import PROTOCOL_VERSION
-    from llmgw.agent.backoff import backoff_delay
+    from llmgw.backoff import backoff_delay
     from llmgw.model.inventory import Inventory, NodeInfo
     from llmgw.transport import codec
     from llmgw.transport.dealer import connect
