@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.errors import ProtocolError
+from llmgw.model.apikey import Budget
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
 from llmgw.model.inventory import (
@@ -21,6 +22,14 @@ from llmgw.model.inventory import (
     StorageReport,
 )
 from llmgw.transport import codec, messages, requests
+from llmgw.transport.apikey_ops import (
+    ApiKeyCreateOp,
+    ApiKeyImportOp,
+    ApiKeyListOp,
+    ApiKeyRevokeOp,
+    ApiKeyUpdateOp,
+    KeyTableOp,
+)
 
 INV = Inventory(
     gpus=(Gpu(0, "GPU-a", "H100", 81559, 80000, "00000000:18:00.0", 0, "9.0", {"GPU-b": 18}),),
@@ -39,6 +48,10 @@ OPS: list[requests.Op] = [
     requests.RediscoverOp(("n",)),
     requests.LoadReportOp({"m": requests.ModelLoad(1.5, 2, 3, 1)}, interval=0.5, wake=True),
     requests.ScaleOp("d", 0, pin=True),
+    # API keys (issue 24)
+    ApiKeyCreateOp("a", "0" * 64, "llmgw-abc", ("m",), 10, 20, 4, Budget(100, 3600.0), 2e9),
+    ApiKeyUpdateOp("a", rpm=3, clear_budget=True), ApiKeyRevokeOp("a"), ApiKeyListOp("a"),
+    ApiKeyImportOp((ApiKeyCreateOp("b", "1" * 64),)), KeyTableOp("abc"),
 ]
 
 SAMPLES: list[messages.Message] = [

@@ -13,7 +13,7 @@ import trio
 import yaml
 
 from llmgw.config.deployment import load_deployment
-from llmgw.ctl import render
+from llmgw.ctl import apikey, render
 from llmgw.ctl.follow import follow_window, new_lines
 from llmgw.ctl.settings import default_file, resolve, servers_of
 from llmgw.errors import RequestFailedError, UsageError
@@ -146,6 +146,7 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
                     help=f"how many lines from the end (default 200, at most {MAX_LOG_LINES})")
     lg.add_argument("-f", "--follow", action="store_true",
                     help="keep printing new lines as they come (Ctrl-C ends)")
+    apikey.add_arguments(cmd, lambda v: _add_common(v, after_verb=True), parser_class)
 
 
 def normalize(args: argparse.Namespace) -> argparse.Namespace:
@@ -168,6 +169,8 @@ def op_of(args: argparse.Namespace) -> Op:
     """The request this command line asks for; a bad deployment file raises here, before
     anything is sent (the operator's to fix)."""
     c = args.ctl_cmd
+    if c == "apikey":
+        return apikey.op_of(args)
     if c == "apply":
         return ApplyOp(load_deployment(args.file), args.file)
     if c == "get":
@@ -218,6 +221,10 @@ def only(kind: str, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def formatted(args: argparse.Namespace, result: Any) -> str:
+    if args.ctl_cmd == "apikey":
+        if args.output in ("table", "wide"):
+            return apikey.render(args, result)
+        result = apikey.plain(args, result)
     if args.output == "json":
         return json.dumps(result, indent=2)
     if args.output == "yaml":

@@ -34,6 +34,7 @@ from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server import adapters
+from llmgw.server.apikeys import ApiKeys
 from llmgw.server.autoscaler import Autoscaler, Change
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
 from llmgw.server.placement import NodeView
@@ -159,6 +160,9 @@ class Orchestrator:
             RediscoverOp: (ADMIN, self.op_rediscover),
             LoadReportOp: (frozenset({"router"}), self.op_load_report),
         })
+        # API keys (issue 24): `ctl apikey` and the routers' key table (server/apikeys.py).
+        self.apikeys = ApiKeys(store)
+        cp.ops.update(self.apikeys.ops())
 
     # ---- triggers from the control plane ----
 

@@ -15,6 +15,14 @@ from attrs import field, frozen
 
 from llmgw.config.addresses import AddressError, parse_host_port
 from llmgw.model.deployment import Deployment
+from llmgw.transport.apikey_ops import (
+    ApiKeyCreateOp,
+    ApiKeyImportOp,
+    ApiKeyListOp,
+    ApiKeyRevokeOp,
+    ApiKeyUpdateOp,
+    KeyTableOp,
+)
 
 # The most log lines one `logs` request may ask for.
 MAX_LOG_LINES = 4096
@@ -139,6 +147,13 @@ Op = (
     | LogsOp
     | RediscoverOp
     | LoadReportOp
+    # API keys (issue 24): transport/apikey_ops.py
+    | ApiKeyCreateOp
+    | ApiKeyUpdateOp
+    | ApiKeyRevokeOp
+    | ApiKeyListOp
+    | ApiKeyImportOp
+    | KeyTableOp
 )
 
 

@@ -1,0 +1,122 @@
+"""The ops of API keys kept by the server (issue 24): what `ctl apikey` asks, and the key
+table routers poll. Members of the Op union in requests.py.
+
+The secret never travels: ctl makes it, prints it once and sends its SHA-256 and prefix.
+Shapes are checked here, on decode (names, hashes, limits); what depends on the server's
+state (a name in use, an unknown key, a date already past) is checked by the server.
+"""
+
+from __future__ import annotations
+
+import re
+
+from attrs import field, frozen
+
+from llmgw.model.apikey import Budget, check_name
+
+MAX_LIMIT = 10**12  # rpm, tpm, concurrency, budget tokens: anything larger is a typo
+MAX_MODELS = 1024  # model names one key may list
+MAX_IMPORT = 4096  # keys one import may carry
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _name(_: object, __: object, value: str) -> None:
+    why = check_name(value)
+    if why:
+        raise ValueError(f"name: {why}")
+
+
+def _sha256(_: object, __: object, value: str) -> None:
+    if not _HEX64.match(value):
+        raise ValueError(f"sha256: expected 64 lowercase hex digits, got {value[:80]!r}")
+
+
+def _limit(_: object, a: object, value: int | None) -> None:
+    if value is not None and not 0 <= value <= MAX_LIMIT:
+        raise ValueError(f"{getattr(a, 'name', 'limit')}: expected 0 to {MAX_LIMIT}, got {value}")
+
+
+def _models(_: object, __: object, value: tuple[str, ...] | None) -> None:
+    if value is None:
+        return
+    if len(value) > MAX_MODELS:
+        raise ValueError(f"models: at most {MAX_MODELS}, got {len(value)}")
+    for m in value:
+        if not m or len(m) > 256:
+            raise ValueError(f"models: expected names of 1 to 256 characters, got {m[:80]!r}")
+
+
+def _budget(_: object, __: object, value: Budget | None) -> None:
+    if value is not None and not (1 <= value.tokens <= MAX_LIMIT and 1.0 <= value.period <= 10 * 366 * 86400):
+        raise ValueError(f"budget: expected 1 to {MAX_LIMIT} tokens per 1 s to 10 years, "
+                         f"got {value.tokens} per {value.period:g}s")
+
+
+def _when(_: object, a: object, value: float | None) -> None:
+    if value is not None and not 0 <= value < 1e11:  # NaN fails too
+        raise ValueError(f"{getattr(a, 'name', 'time')}: expected epoch seconds, got {value!r}")
+
+
+def _prefix(_: object, __: object, value: str) -> None:
+    if len(value) > 16 or not re.match(r"^[A-Za-z0-9_-]*$", value):
+        raise ValueError(f"prefix: expected at most 16 URL-safe characters, got {value[:40]!r}")
+
+
+@frozen
+class ApiKeyCreateOp:
+    """A new key. `prefix` "" for an imported key (its secret was never seen here)."""
+
+    name: str = field(validator=_name)
+    sha256: str = field(validator=_sha256)
+    prefix: str = field(default="", validator=_prefix)
+    models: tuple[str, ...] = field(default=(), validator=_models)
+    rpm: int = field(default=0, validator=_limit)
+    tpm: int = field(default=0, validator=_limit)
+    concurrency: int = field(default=0, validator=_limit)
+    budget: Budget | None = field(default=None, validator=_budget)
+    expires: float = field(default=0.0, validator=_when)
+
+
+@frozen
+class ApiKeyUpdateOp:
+    """Change what is given (None: leave as it is). `clear_budget` takes the budget off."""
+
+    name: str = field(validator=_name)
+    models: tuple[str, ...] | None = field(default=None, validator=_models)
+    rpm: int | None = field(default=None, validator=_limit)
+    tpm: int | None = field(default=None, validator=_limit)
+    concurrency: int | None = field(default=None, validator=_limit)
+    budget: Budget | None = field(default=None, validator=_budget)
+    clear_budget: bool = False
+    expires: float | None = field(default=None, validator=_when)  # 0: never
+
+
+@frozen
+class ApiKeyRevokeOp:
+    name: str = field(validator=_name)
+
+
+@frozen
+class ApiKeyListOp:
+    """Every key (no hashes), or one in full with `name`."""
+
+    name: str = ""
+
+
+def _bounded_import(_: object, __: object, value: tuple[ApiKeyCreateOp, ...]) -> None:
+    if len(value) > MAX_IMPORT:
+        raise ValueError(f"an import carries at most {MAX_IMPORT} keys, got {len(value)}")
+
+
+@frozen
+class ApiKeyImportOp:
+    """Keys of an api_keys_file (names, hashes, models), all or none."""
+
+    keys: tuple[ApiKeyCreateOp, ...] = field(default=(), validator=_bounded_import)
+
+
+@frozen
+class KeyTableOp:
+    """A router's poll: the key table, or only its version when it is `since`."""
+
+    since: str = ""
