@@ -204,3 +204,33 @@ def test_the_launcher_starts_the_engine_only_after_a_pass(tmp_path: Path) -> Non
         assert os.waitstatus_to_exitcode(status) == rc, text
         assert ("engine ran" in text) == (mode == "pass")
         assert "llmgw launcher: pre-flight " + ("passed" if mode == "pass" else "failed: boom") in text
+
+
+def test_the_default_floor_follows_the_fabrics_rate_on_gpus_only(tmp_path: Path) -> None:
+    from llmgw.agent.engines.preflight import floor_for, nccl_floor
+    from llmgw.config.agent import FabricConfig
+    from llmgw.model.affinity import GpuHca
+
+    assert nccl_floor(400, 2) == 50.0  # half of two 400 Gb/s HCAs' 100 GB/s
+    assert nccl_floor(0, 2) == 0.0 and nccl_floor(400, 0) == 0.0
+    cfg = attrs.evolve(config(tmp_path), fabrics=(FabricConfig("ib", ("mlx5_0", "mlx5_1"), 400),))
+    s = spec()
+    assert s.gang is not None
+    s = attrs.evolve(s, gang=attrs.evolve(s.gang, hcas=("mlx5_0", "mlx5_1"), preflight_min_busbw=0.0))
+    one = (GpuHca("GPU-a", 3, "mlx5_1"),)
+    pre = build_plan(s, cfg, "/w", gpu_indices={"GPU-a": 3}, probe=("py", "p"), nics=one).preflight
+    assert pre is not None and pre.nccl_floor_gbps == 25.0  # the one HCA its GPU rides
+    pre = build_plan(s, cfg, "/w", gpu_indices={"GPU-a": 3}, probe=("py", "p")).preflight
+    assert pre is not None and pre.nccl_floor_gbps == 50.0  # no map: the fabric's HCAs here
+    nccl, gloo = ProbeResult(True, backend="nccl"), ProbeResult(True, backend="gloo")
+    assert floor_for(nccl, 0.0, 25.0) == 25.0 and floor_for(gloo, 0.0, 25.0) == 0.0
+    assert floor_for(gloo, 5.0, 25.0) == 5.0  # the deployment's floor holds everywhere
+
+
+def test_the_runner_applies_the_default_floor_to_nccl(tmp_path: Path) -> None:
+    nccl = tmp_path / "nccl.py"
+    nccl.write_text(FAKE.format(mode="pass").replace('"backend": "gloo"', '"backend": "nccl"'))
+    d = {**doc(tmp_path, "pass"), "argv": [sys.executable, str(nccl)], "nccl_floor_gbps": 25.0}
+    r = preflight_run.probe(d)
+    assert not r.ok and r.error == "bus bandwidth 0.4 GB/s is below 25 GB/s"
+    assert preflight_run.probe(doc(tmp_path, "pass", nccl_floor_gbps=25.0)).ok  # gloo: no floor

@@ -107,7 +107,8 @@ def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
         doc["preflight"] = {"name": pre.process.name, "argv": list(pre.process.argv),
                             "env": env_of(pre.process), "cwd": pre.process.cwd,
                             "timeout": pre.timeout, "required": pre.required,
-                            "min_busbw_gbps": pre.min_busbw_gbps, "result": pre.result_path}
+                            "min_busbw_gbps": pre.min_busbw_gbps, "result": pre.result_path,
+                            "nccl_floor_gbps": pre.nccl_floor_gbps}
     path = os.path.join(folder, "plan.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

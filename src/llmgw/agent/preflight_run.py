@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from llmgw.agent.engines.preflight import ProbeResult, parse_output, result_doc, verdict
+from llmgw.agent.engines.preflight import ProbeResult, floor_for, parse_output, result_doc, verdict
 from llmgw.model.preflight import FAILED_LINE
 
 # Past the probe's own timeout (which bounds its rendezvous), this long for it to say
@@ -57,7 +57,8 @@ def probe(doc: dict[str, Any]) -> ProbeResult:
     result = parse_output(out)
     if result.ok and p.returncode != 0:
         return ProbeResult(False, f"the probe exited {p.returncode}")
-    return verdict(result, float(doc.get("min_busbw_gbps") or 0.0))
+    return verdict(result, floor_for(result, float(doc.get("min_busbw_gbps") or 0.0),
+                                     float(doc.get("nccl_floor_gbps") or 0.0)))
 
 
 def write_result(path: str, result: ProbeResult) -> None:

@@ -11,7 +11,7 @@ from attrs import evolve
 
 from llmgw.agent.engines.env import GPU_UUIDS_ENV, default_env, gpu_index_list, merge_env
 from llmgw.agent.engines.plan import LaunchPlan, Preflight, ProcessPlan
-from llmgw.agent.engines.preflight import preflight_for
+from llmgw.agent.engines.preflight import nccl_floor, preflight_for
 from llmgw.agent.engines.ray import RAY_PORT_BLOCK_SIZE, count_ray_nodes
 from llmgw.agent.engines.sglang import sglang_plan
 from llmgw.agent.engines.simulated import simulated_plan
@@ -66,6 +66,18 @@ def _check(spec: EngineSpec) -> None:
         raise EngineError(f"replica id {spec.replica_id!r} cannot name a folder")
 
 
+def _floor(spec: EngineSpec, config: AgentConfig, nics: tuple[GpuHca, ...]) -> float:
+    """The default NCCL floor of a gang member's pre-flight: its fabric's rate over the
+    HCAs its GPUs ride (all the fabric's HCAs here where the map is unknown)."""
+    gang = spec.gang
+    if gang is None or not gang.hcas:
+        return 0.0
+    fabric = next((f for f in config.fabrics if set(gang.hcas) <= set(f.hcas)), None)
+    if fabric is None:
+        return 0.0
+    return nccl_floor(fabric.rate_gbps, len({n.hca for n in nics}) or len(gang.hcas))
+
+
 def build_plan(
     spec: EngineSpec,
     config: AgentConfig,
@@ -118,5 +130,8 @@ def build_plan(
         plan = simulated_plan(spec, config, python, env, cwd, overrides)
     else:
         raise EngineError(f"replica {spec.replica_id}: no launch plan for engine {spec.engine!r}")
-    pre = preflight_for(spec, plan.main.env, probe[0], probe[1], cwd) if all(probe) else None
+    pre = None
+    if all(probe):
+        pre = preflight_for(spec, plan.main.env, probe[0], probe[1], cwd,
+                            _floor(spec, config, nics))
     return evolve(plan, gpus=tuple(zip(spec.gpus, indices, strict=True)), preflight=pre)

@@ -35,6 +35,9 @@ class Preflight:
     # time only (CPU, or no floor asked for).
     min_busbw_gbps: float = 0.0
     result_path: str = ""
+    # Without min_busbw_gbps, the floor where the probe ran NCCL on GPUs: a fraction of
+    # the fabric's rate over the HCAs this member's GPUs ride (GB/s); 0: none known.
+    nccl_floor_gbps: float = 0.0
 
 
 @frozen

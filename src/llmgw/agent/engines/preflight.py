@@ -36,16 +36,41 @@ MODES = ("required", "best_effort", "off")
 PROBE_MODULE = "llmgw.agent.preflight_probe"  # its file is what runs, not the module
 
 
+# The default floor: this fraction of what the member's HCAs carry at the fabric's rate.
+# nccl-tests' all-reduce across nodes reaches 80-90% of the NICs' line rate in bus
+# bandwidth on a healthy fabric; half of it is a link down to a lower speed, a GPU on the
+# wrong side of the CPU, or traffic over TCP instead of RDMA.
+FLOOR_FRACTION = 0.5
+
+
+def nccl_floor(rate_gbps: float, hcas: int) -> float:
+    """GB/s of bus bandwidth below which an NCCL probe fails by default: FLOOR_FRACTION of
+    `hcas` HCAs at `rate_gbps` (Gb/s, the fabric's configured rate); 0 when unknown."""
+    if rate_gbps <= 0 or hcas <= 0:
+        return 0.0
+    return FLOOR_FRACTION * rate_gbps / 8 * hcas
+
+
 def preflight_for(spec: EngineSpec, env: dict[str, str], python: str, script: str,
-                  cwd: str) -> Preflight | None:
-    """The pre-flight a gang member's plan carries, as its GangSpec asks; None: none."""
+                  cwd: str, nccl_floor_gbps: float = 0.0) -> Preflight | None:
+    """The pre-flight a gang member's plan carries, as its GangSpec asks; None: none.
+    `nccl_floor_gbps`: the floor where the deployment sets none and the probe ran NCCL."""
     gang = spec.gang
     if gang is None or gang.nnodes <= 1 or gang.preflight not in ("required", "best_effort"):
         return None
     proc = probe_process(spec, env, python, script, cwd, gang.preflight_timeout)
     return Preflight(proc, timeout=gang.preflight_timeout, required=gang.preflight == "required",
                      min_busbw_gbps=gang.preflight_min_busbw,
-                     result_path=f"{cwd}/{RESULT_FILE}" if cwd else RESULT_FILE)
+                     result_path=f"{cwd}/{RESULT_FILE}" if cwd else RESULT_FILE,
+                     nccl_floor_gbps=nccl_floor_gbps)
+
+
+def floor_for(result: ProbeResult, min_busbw_gbps: float, nccl_floor_gbps: float) -> float:
+    """The floor `result` is judged by: the deployment's, else the default where the probe
+    ran NCCL (on CPU, Gloo over Ethernet or loopback says nothing of the fabric)."""
+    if min_busbw_gbps > 0:
+        return min_busbw_gbps
+    return nccl_floor_gbps if result.backend == "nccl" else 0.0
 
 
 def probe_process(spec: EngineSpec, env: dict[str, str], python: str, script: str, cwd: str,
