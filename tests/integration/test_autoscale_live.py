@@ -234,9 +234,10 @@ def test_up_down_zero_and_back(rig: Rig) -> None:
     serving(rig, port)
     assert rig.desired() == 1
 
-    # Six clients with 2 s streams: about 6 in flight, 2 per replica -> 3 replicas.
+    # Six clients with 6 s streams: 6 in flight from the step on (no stream ends within
+    # the window), 2 per replica -> 3 replicas.
     t_load = time.monotonic()
-    heavy = Load(port, 6, 20)
+    heavy = Load(port, 6, 60)
     wait_for(lambda: rig.desired() == 3, 15, "scale up to 3", interval=0.1)
     up_after = time.monotonic() - t_load
     wait_for(lambda: rig.ready() == 3, 30, "three ready replicas", interval=0.2)
@@ -245,7 +246,7 @@ def test_up_down_zero_and_back(rig: Rig) -> None:
     # streams run on the replicas that go.
     light = Load(port, 2, 40)
     drains = DrainWatch(rig)
-    t_fall = time.monotonic()  # the heavy clients send no more; their last streams run ~2 s
+    t_fall = time.monotonic()  # the heavy clients send no more; their last streams run <6 s
     lost = [r for r in heavy.stop() if not r["done"]]
     wait_for(lambda: rig.desired() == 2, 20, "scale down to 2", interval=0.1)
     down_after = time.monotonic() - t_fall

@@ -4,13 +4,15 @@ autoscaler's step (server/autoscaler.py), without I/O."""
 from __future__ import annotations
 
 import pytest
+import trio
+import trio.testing
 from attrs import evolve
 from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.config.deployment import parse_deployment
 from llmgw.model.deployment import Deployment
-from llmgw.server.autoscaler import Autoscaler, served_names
+from llmgw.server.autoscaler import Autoscaler, Change, served_names
 from llmgw.server.load_board import LoadBoard
 from llmgw.transport import codec
 from llmgw.transport.messages import Request
@@ -140,3 +142,36 @@ def test_a_count_set_from_outside_starts_the_cool_down_again() -> None:
         assert a.step(t, ds) == [], t
     a.report("r1", 6.0, LoadReportOp({}, interval=1.0), ds)
     assert [(c.before, c.after) for c in a.step(6.0, ds)] == [(3, 2)]
+
+
+async def test_the_loop_decides_twice_an_interval_and_at_once_on_a_wake(
+        autojump_clock: trio.testing.MockClock) -> None:
+    a = Autoscaler()
+    ds = {"d": evolve(_deployment(min=0, idle_to_zero="3s", scale_up_after="1s"), replicas=0)}
+    applied: list[tuple[float, int, int]] = []
+
+    async def apply(c: Change, now: float) -> bool:
+        applied.append((now, c.before, c.after))
+        ds[c.deployment] = evolve(ds[c.deployment], replicas=c.after)
+        return True
+
+    async with trio.open_nursery() as n:
+        await n.start(a.serve, lambda: ds, apply, trio.current_time)
+        a.report("r1", trio.current_time(), LoadReportOp({}, interval=1.0), ds)
+        await trio.sleep(2.2)
+        assert applied == []  # no load, at zero: nothing to do
+        # A wake at 2.2 s: decided then, not at the next tick (2.5 s).
+        a.report("r1", trio.current_time(), LoadReportOp({"m": ModelLoad(held=1)}, interval=1.0,
+                                                         wake=True), ds)
+        await trio.sleep(0.01)
+        assert applied == [(pytest.approx(2.2), 0, 1)]
+        # Load for 3 reported from 2.41 s: ticks at 2.5, 3.0 and 3.5 s see it, and at 3.5 s
+        # it has lasted the whole window (1 s).
+        await trio.sleep(0.2)
+        for _ in range(3):
+            a.report("r1", trio.current_time(), LoadReportOp({"m": ModelLoad(in_flight=5)},
+                                                             interval=1.0), ds)
+            await trio.sleep(0.5)
+        n.cancel_scope.cancel()
+    assert applied[1:] == [(pytest.approx(3.5), 1, 3)]
+    assert a.decisions == {("d", "up"): 2}

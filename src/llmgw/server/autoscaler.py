@@ -1,10 +1,11 @@
 """The autoscaler's loop (issue 25): the routers' load reports in, replica counts out.
 
-Every interval (the shortest `load_report_interval` the live routers report at; 5 s while
-none does) each deployment with `autoscale` gets the routers' summed sample
-(load_board.py), observe() and decide() (autoscale.py, pure), and a count that changed is
-set through the orchestrator's `set_replicas`, the path `ctl scale` takes: persisted,
-an event in describe with decide()'s reason, the reconciler drains what goes. A router
+Twice per interval (the shortest `load_report_interval` the live routers report at; 5 s
+while none does; twice, so that a load step waits at most half an interval after the
+router's report, not a whole one) each deployment with `autoscale` gets the routers'
+summed sample (load_board.py), observe() and decide() (autoscale.py, pure), and a count
+that changed is set through Orchestrator.autoscale_to, the path `ctl scale` takes:
+persisted, an event in describe with decide()'s reason, the reconciler drains what goes. A router
 that holds requests for a deployment at zero says so at once (a wake): that deployment
 is decided then, not at the next interval.
 
@@ -30,7 +31,8 @@ from llmgw.transport.requests import LoadReportOp
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL = 5.0  # seconds between decisions while no router says its interval
+DEFAULT_INTERVAL = 5.0  # seconds: the report interval assumed while no router says its own
+TICKS_PER_INTERVAL = 2
 
 
 @frozen
@@ -116,6 +118,9 @@ class Autoscaler:
 
     # ---- the loop ----
 
+    def tick(self) -> float:
+        return self.board.interval(DEFAULT_INTERVAL) / TICKS_PER_INTERVAL
+
     async def serve(self, deployments: Callable[[], Mapping[str, Deployment]],
                     apply: Callable[[Change, float], Awaitable[bool]],
                     clock: Callable[[], float],
@@ -123,7 +128,7 @@ class Autoscaler:
         """Decide every interval (or at once on a wake) and `apply` each change (True:
         it was set; False: the deployment changed meanwhile, e.g. pinned or deleted)."""
         task_status.started()
-        next_at = trio.current_time() + self.board.interval(DEFAULT_INTERVAL)
+        next_at = trio.current_time() + self.tick()
         while True:
             with trio.move_on_at(next_at):
                 await self._poke.wait()
@@ -131,7 +136,7 @@ class Autoscaler:
             woken, self._wake = self._wake, set()
             due = trio.current_time() >= next_at
             if due:
-                next_at = trio.current_time() + self.board.interval(DEFAULT_INTERVAL)
+                next_at = trio.current_time() + self.tick()
             try:
                 changes = self.step(clock(), deployments(), None if due else woken)
             except Exception:
