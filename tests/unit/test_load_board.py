@@ -105,8 +105,10 @@ def test_step_scales_up_after_the_window_and_waits_for_the_routers() -> None:
         changes = a.step(t, ds)
     assert [(c.before, c.after, c.direction) for c in changes] == [(1, 3, "up")]
     assert "in flight 6" in changes[0].reason and a.desired == {"d": 3}
-    # The deployment deleted: its memory goes.
-    assert a.step(1.5, {}) == [] and a.memory == {}
+    # Pinned (autoscale off), then deleted: its memory and figures go.
+    assert a.step(1.5, {"d": evolve(d, autoscale=None)}) == []
+    assert a.memory == {} and a.desired == {} and a.last == {}
+    assert a.step(2.0, {}) == []
 
 
 def test_a_wake_marks_a_deployment_at_zero() -> None:

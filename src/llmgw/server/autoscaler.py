@@ -89,8 +89,9 @@ class Autoscaler:
              only: set[str] | None = None) -> list[Change]:
         """observe() and decide() for each autoscaled deployment (or those in `only`);
         the counts that change. Nothing while no router reports."""
-        for gone in set(self.memory) - set(deployments):
-            del self.memory[gone]
+        auto = {name for name, d in deployments.items() if d.autoscale is not None}
+        for gone in (set(self.memory) | set(self.desired)) - auto:  # deleted, or pinned
+            self.memory.pop(gone, None)
             self.desired.pop(gone, None)
             self.last.pop(gone, None)
         samples = self.board.samples(now, served_names(deployments))
