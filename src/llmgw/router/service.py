@@ -21,6 +21,7 @@ from llmgw.config.addresses import parse_host_port
 from llmgw.config.router import RouterConfig
 from llmgw.errors import ListenError, ProtocolError
 from llmgw.logbound import Throttle, clip
+from llmgw.model.apikey import ApiKeyRecord
 from llmgw.rlimit import raise_nofile
 from llmgw.router import errors, sockio
 from llmgw.router.admission import Gate, Refused
@@ -30,6 +31,7 @@ from llmgw.router.errors import ApiError
 from llmgw.router.hold import HoldRefused, Holds
 from llmgw.router.http import ClientConn, H1Error, Request
 from llmgw.router.jsondepth import MAX_DEPTH, too_deep
+from llmgw.router.keytable import KeySource, KeyTable, poll_keys
 from llmgw.router.lag import LagMeter, watch_lag
 from llmgw.router.load_report import LoadCounter, report_load
 from llmgw.router.loadwatch import watch_load
@@ -37,6 +39,7 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
+from llmgw.transport.apikey_ops import KeyTableOp
 from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
@@ -60,6 +63,8 @@ class Router:
         }
         self.table = EndpointTable(policies)
         self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
+        # The server's keys (issue 24); once it has any, they win over api_keys_file.
+        self.key_table = KeyTable()
         self.metrics = RouterMetrics()
         self.lag = LagMeter()
         self.upstream = UpstreamPool(
@@ -265,7 +270,12 @@ class Router:
             card["parent"] = base
         return card
 
-    def _auth(self, req: Request) -> ApiKey | None:
+    def _auth(self, req: Request) -> ApiKey | ApiKeyRecord | None:
+        if self.key_table.in_use:
+            stored, why = self.key_table.check(req.header(b"authorization"), time.time())
+            if stored is None:
+                raise errors.unauthorized(why)
+            return stored
         if self.keys is None:
             return None
         key = self.keys.check(req.header(b"authorization"), trio.current_time())
@@ -426,6 +436,7 @@ async def serve_router(
     *,
     table_source: TableSource,
     load_sink: LoadSink | None = None,
+    key_source: KeySource | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
@@ -444,6 +455,11 @@ async def serve_router(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_lag, router.lag)
+            if key_source is not None:
+                # Its first answer before the endpoint table's: no request is served
+                # without the keys the server wants.
+                await nursery.start(poll_keys, router.key_table, key_source,
+                                    config.key_table_interval)
             nursery.start_soon(router.poll_table, table_source)
             nursery.start_soon(
                 watch_load,
@@ -483,4 +499,12 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
     async def sink(op: LoadReportOp) -> object:
         return await reporter(config.keys.secret_key, config.keys.server_key, op, timeout)
 
-    await serve_router(config, table_source=source, load_sink=sink)
+    # The key table (issue 24) on a client of its own too.
+    keys = LeaderClient(config.server, request)
+
+    async def key_source(since: str) -> Mapping[str, Any] | None:
+        result = await keys(config.keys.secret_key, config.keys.server_key, KeyTableOp(since),
+                            max(2.0, config.key_table_interval * 2))
+        return result if isinstance(result, Mapping) else None
+
+    await serve_router(config, table_source=source, load_sink=sink, key_source=key_source)

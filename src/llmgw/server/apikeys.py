@@ -23,6 +23,7 @@ from llmgw.model.apikey import ApiKeyRecord
 from llmgw.server.control import Peer, RequestError
 from llmgw.server.store import StateStore, StoredEvent
 from llmgw.transport.apikey_ops import (
+    MAX_KEYS,
     ApiKeyCreateOp,
     ApiKeyImportOp,
     ApiKeyListOp,
@@ -103,6 +104,9 @@ class ApiKeys:
             raise RequestError(f"API key {op.name!r}: that secret is already another key's")
         if op.expires and op.expires <= now:
             raise RequestError(f"API key {op.name!r}: --expires is in the past")
+        if len(self.keys) + len(taken) >= MAX_KEYS:
+            raise RequestError(f"the store holds {MAX_KEYS} API keys (revoked ones too), "
+                               "the most a router's key table carries")
         return ApiKeyRecord(op.name, op.sha256, op.prefix, created=now, models=op.models,
                             rpm=op.rpm, tpm=op.tpm, concurrency=op.concurrency,
                             budget=op.budget, expires=op.expires)

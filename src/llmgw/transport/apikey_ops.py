@@ -17,6 +17,9 @@ from llmgw.model.apikey import Budget, check_name
 MAX_LIMIT = 10**12  # rpm, tpm, concurrency, budget tokens: anything larger is a typo
 MAX_MODELS = 1024  # model names one key may list
 MAX_IMPORT = 4096  # keys one import may carry
+# Keys the store may hold, revoked ones too: the key table travels in one message, and no
+# list in a message is longer than codec.MAX_ITEMS (4096).
+MAX_KEYS = 4096
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -120,3 +123,30 @@ class KeyTableOp:
     """A router's poll: the key table, or only its version when it is `since`."""
 
     since: str = ""
+
+
+# ---- results ----
+
+
+@frozen
+class KeyEntry:
+    """One key of the table a router polls: what admission needs, no prefix."""
+
+    name: str = field(validator=_name)
+    sha256: str = field(validator=_sha256)
+    models: tuple[str, ...] = field(default=(), validator=_models)
+    rpm: int = field(default=0, validator=_limit)
+    tpm: int = field(default=0, validator=_limit)
+    concurrency: int = field(default=0, validator=_limit)
+    budget: Budget | None = field(default=None, validator=_budget)
+    expires: float = field(default=0.0, validator=_when)
+    revoked: float = field(default=0.0, validator=_when)
+
+
+@frozen
+class KeyTableResult:
+    """The answer to KeyTableOp: the whole table, or `unchanged` (the router has it)."""
+
+    version: str
+    keys: tuple[KeyEntry, ...] = ()
+    unchanged: bool = False
