@@ -44,7 +44,7 @@ from llmgw.router.service import serve_router
 from llmgw.server.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request
-from llmgw.transport.requests import ApplyOp, EndpointsOp, GetOp, GetWhat, Op
+from llmgw.transport.requests import ApplyOp, EndpointsOp, GetOp, GetWhat, LoadReportOp, Op
 
 log = logging.getLogger(__name__)
 
@@ -454,8 +454,13 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
                                    router_cfg.keys.server_key, EndpointsOp(since), 2.0)
             return result if isinstance(result, Mapping) else None
 
+        async def load_sink(op: LoadReportOp) -> object:  # autoscale's load reports (issue 25)
+            return await request(router_cfg.server[0], router_cfg.keys.secret_key,
+                                 router_cfg.keys.server_key, op, 2.0)
+
         try:
-            router = await nursery.start(functools.partial(serve_router, router_cfg, table_source=table))
+            router = await nursery.start(functools.partial(serve_router, router_cfg, table_source=table,
+                                                           load_sink=load_sink))
         except OSError as exc:
             raise LlmgwError(f"the router cannot listen on {router_cfg.bind}: {exc}") from None
         nursery.start_soon(bring_up, files, opts, router)
