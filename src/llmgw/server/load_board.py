@@ -18,7 +18,7 @@ from llmgw.server.autoscale import LoadSample
 from llmgw.transport.requests import ModelLoad
 
 STALE_REPORTS = 3.0  # a report older than this many of its router's intervals is dropped
-MIN_INTERVAL = 0.05  # seconds: what a report's interval counts as, at least
+MIN_INTERVAL = 0.1  # seconds: what a report's interval counts as, at least (router.toml's floor)
 MAX_ROUTERS = 10_000  # reports kept at most (one per router key)
 
 
