@@ -266,6 +266,9 @@ def test_up_down_zero_and_back(rig: Rig) -> None:
     zero_after = time.monotonic() - t_idle
     wait_for(lambda: rig.placed() == 0, 30, "the last replica gone", interval=0.2)
     time.sleep(1.5)  # the router's table catches up: the model is cold, not gone
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
+        listed = [m["id"] for m in json.loads(resp.read())["data"]]
+    assert listed == ["org/sim"]  # listed at zero: routable
 
     # A request wakes it: held, then answered in full once the first replica is ready.
     ready_at: list[float] = []

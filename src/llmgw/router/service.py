@@ -247,7 +247,8 @@ class Router:
                 await self.proxy(client, req, path)
             elif path == b"/v1/models":
                 key = self._auth(req)
-                names = self.table.ready_models()
+                # A model scaled to zero is listed: a request for it is held and wakes it.
+                names = sorted({*self.table.ready_models(), *self.table.cold})
                 if key is not None:
                     names = [n for n in names if key.allows(n)]
                 data = [self._card(n) for n in names]
