@@ -54,6 +54,7 @@ PURE = [
     "llmgw.router.wallet",
     "llmgw.server.autoscale",
     "llmgw.server.load_board",
+    "llmgw.server.preempt",
     "llmgw.model.affinity",
     "llmgw.model.deployment",
     "llmgw.model.engine",

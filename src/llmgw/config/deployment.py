@@ -35,6 +35,7 @@ _OPTIONAL = (
     "max_loras",
     "max_lora_rank",
     "autoscale",
+    "priority",
     "preflight",
     "preflight_timeout",
     "preflight_min_busbw",
@@ -42,6 +43,7 @@ _OPTIONAL = (
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 MAX_REPLICAS = 100_000
+MAX_PRIORITY = 1_000_000
 
 
 def load_deployment(path: str) -> Deployment:
@@ -138,6 +140,12 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         if not auto.min <= replicas <= auto.max:
             raise err("replicas", f"{replicas} is outside autoscale's min..max ({auto.min}..{auto.max}): "
                       "with autoscale, replicas is the count to start from")
+    if "priority" in data:
+        p = data["priority"]
+        if isinstance(p, bool) or not isinstance(p, int) or not -MAX_PRIORITY <= p <= MAX_PRIORITY:
+            raise err("priority", f"expected a whole number from {-MAX_PRIORITY} to {MAX_PRIORITY} "
+                      f"(higher wins GPUs), got {p!r}")
+        kwargs["priority"] = p
     return Deployment(
         name=name,
         model=model,

@@ -87,6 +87,10 @@ class Deployment:
     # Replicas that follow load (model/autoscale.py); None: `replicas` is fixed. It shapes
     # no engine, so it is left out of template_hash.
     autoscale: Autoscale | None = None
+    # When GPUs run out: a deployment that cannot place a replica may take GPUs from one of
+    # lower priority above its autoscale min (server/preempt.py). Shapes no engine: out
+    # of template_hash.
+    priority: int = 0
     # The collective pre-flight each member runs before its engine (issue 22): "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang
     # replica (the simulated engine's would need a torch it does not bring: asked for
@@ -134,6 +138,7 @@ class Deployment:
             "drain_timeout": self.drain_timeout,
             **self._plain_lora(),
             **({"autoscale": self.autoscale.plain()} if self.autoscale else {}),
+            **({"priority": self.priority} if self.priority else {}),
             **self._plain_preflight(),
         }
 

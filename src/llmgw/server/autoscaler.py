@@ -24,13 +24,17 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 from attrs import evolve, frozen
 
-from llmgw.model.deployment import Deployment
+from llmgw.model.deployment import Deployment, Replica
 from llmgw.server.autoscale import LoadSample, ScaleMemory, decide, observe
 from llmgw.server.load_board import LoadBoard
+from llmgw.server.preempt import Preemption, choose, placed_counts
 from llmgw.transport.requests import LoadReportOp
 
 log = logging.getLogger(__name__)
 
+# A deployment that took GPUs waits this long, at most, for one more of its replicas to be
+# placed before it may take again (GPUs freed by a drain may take a while to come back).
+PREEMPT_RETRY = 60.0
 DEFAULT_INTERVAL = 5.0  # seconds: the report interval assumed while no router says its own
 TICKS_PER_INTERVAL = 2
 
@@ -41,6 +45,7 @@ class Change:
     before: int
     after: int
     reason: str
+    also: tuple[str, str] | None = None  # (deployment, event): a preemption's taker
 
     @property
     def direction(self) -> str:
@@ -64,6 +69,8 @@ class Autoscaler:
         self.decisions: Counter[tuple[str, str]] = Counter()  # (deployment, up|down) -> count
         self.desired: dict[str, int] = {}  # the last count decided per autoscaled deployment
         self.last: dict[str, LoadSample] = {}  # the last sample per deployment (describe)
+        self.preemptions = 0
+        self._taken: dict[str, tuple[float, int]] = {}  # taker -> (when, its placed count then)
         self._poke = trio.Event()
         self._wake: set[str] = set()
 
@@ -117,6 +124,24 @@ class Autoscaler:
                 changes.append(Change(name, d.replicas, decision.replicas, decision.reason))
         return changes
 
+    def preemption(self, now: float, deployments: Mapping[str, Deployment],
+                   replicas: Mapping[str, Replica], pending: Mapping[str, str]) -> Change | None:
+        """At most one step down of a lower-priority deployment for one that cannot place
+        a replica for lack of GPUs (preempt.py); the taker's event rides along."""
+        placed = placed_counts(replicas)
+        self._taken = {t: v for t, v in self._taken.items()
+                       if placed.get(t, 0) <= v[1] and now - v[0] < PREEMPT_RETRY}
+        p: Preemption | None = choose(deployments, replicas, pending, frozenset(self._taken))
+        if p is None:
+            return None
+        self._taken[p.taker] = (now, placed.get(p.taker, 0))
+        # Our change, as a decision's is: the victim's cool-down counts from now.
+        if p.victim in self.memory:
+            self.memory[p.victim] = evolve(self.memory[p.victim], last_change=now)
+        self.desired[p.victim] = p.victim_after
+        return Change(p.victim, p.victim_before, p.victim_after, p.victim_reason,
+                      also=(p.taker, p.taker_reason))
+
     # ---- the loop ----
 
     def tick(self) -> float:
@@ -125,6 +150,7 @@ class Autoscaler:
     async def serve(self, deployments: Callable[[], Mapping[str, Deployment]],
                     apply: Callable[[Change, float], Awaitable[bool]],
                     clock: Callable[[], float],
+                    cluster: Callable[[], tuple[Mapping[str, Replica], Mapping[str, str]]] | None = None,
                     *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Decide every interval (or at once on a wake) and `apply` each change (True:
         it was set; False: the deployment changed meanwhile, e.g. pinned or deleted)."""
@@ -140,6 +166,9 @@ class Autoscaler:
                 next_at = trio.current_time() + self.tick()
             try:
                 changes = self.step(clock(), deployments(), None if due else woken)
+                if due and cluster is not None:
+                    taken = self.preemption(clock(), deployments(), *cluster())
+                    changes += [taken] if taken is not None else []
             except Exception:
                 # A bug in a decision costs this round, not the server's loop.
                 log.exception("autoscale decision failed; trying again next interval")
@@ -152,4 +181,5 @@ class Autoscaler:
                     continue
                 if done:
                     self.decisions[(c.deployment, c.direction)] += 1
+                    self.preemptions += c.also is not None
                     log.info("autoscale %s: %s", c.deployment, c.reason)

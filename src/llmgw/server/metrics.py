@@ -199,6 +199,9 @@ class _Collector:
                                       "The routers' summed load the autoscaler last decided on, per "
                                       "deployment with autoscale (in_flight counts held requests)",
                                       labels=["deployment", "what"])
+        preemptions = CounterMetricFamily("llmgw_server_preemptions",
+                                          "Replicas a deployment gave up for one of higher priority "
+                                          "that lacked GPUs")
         auto_routers = GaugeMetricFamily("llmgw_server_autoscale_routers",
                                          "Routers whose load report is fresh (counted in the sums)")
         if o is not None:
@@ -209,6 +212,7 @@ class _Collector:
                 auto_load.add_metric([name, "waiting"], sample.waiting)
                 auto_load.add_metric([name, "requests"], sample.requests)
             auto_routers.add_metric([], len(a.board.reports))
+            preemptions.add_metric([], a.preemptions)
             for (name, direction), n in sorted(a.decisions.items()):
                 decisions.add_metric([name, direction], n)
             for name, n in sorted(a.desired.items()):
@@ -247,4 +251,4 @@ class _Collector:
             placed.add_metric([], self.m.placed)
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
-                    decisions, auto_desired, auto_load, auto_routers)
+                    decisions, auto_desired, auto_load, auto_routers, preemptions)

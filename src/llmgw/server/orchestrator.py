@@ -495,10 +495,18 @@ class Orchestrator:
         d = self.deployments.get(change.deployment)
         if d is None or d.autoscale is None or d.replicas != change.before:
             return False
-        await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(
-            now, d.name, "", f"autoscale: {change.reason}")])
+        events = [StoredEvent(now, d.name, "", f"autoscale: {change.reason}")]
+        if change.also is not None:  # a preemption: the taker's side of it
+            events.append(StoredEvent(now, change.also[0], "", f"priority: {change.also[1]}"))
+        await trio.to_thread.run_sync(self.store.add_events, events)
         await self._put_replicas(evolve(d, replicas=change.after), now)
         return True
+
+    async def autoscale_loop(self, clock: Callable[[], float],
+                             *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The autoscaler's loop (and priorities' preemption), beside serve()."""
+        await self.autoscaler.serve(lambda: self.deployments, self.autoscale_to, clock,
+                                    lambda: (self.replicas, self.pending), task_status=task_status)
 
     def op_load_report(self, peer: Peer, op: LoadReportOp, now: float) -> Any:
         self.autoscaler.report(peer.identity, now, op, self.deployments)

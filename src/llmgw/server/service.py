@@ -216,8 +216,7 @@ async def serve_server(
             transport = t = ServerTransport(TrioSocket(sock))
             metrics.sent, metrics.send_dropped = (lambda: t.sent), (lambda: t.dropped_sends)
             await nursery.start(orchestrator.serve, t.send_all, clock)
-            nursery.start_soon(orchestrator.autoscaler.serve, lambda: orchestrator.deployments,
-                               orchestrator.autoscale_to, clock)
+            nursery.start_soon(orchestrator.autoscale_loop, clock)
             watcher.on_change = functools.partial(_apply_keys, cp, watcher, t.send_all)
             nursery.start_soon(_sighup, watcher)
             if config.metrics_bind:
