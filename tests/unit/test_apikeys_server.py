@@ -19,6 +19,7 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    UsageReportOp,
 )
 
 ADMIN = Peer(b"r", "admin", "ops")
@@ -97,4 +98,6 @@ def test_import_is_all_or_nothing(tmp_path: Path) -> None:
 def test_only_routers_and_admins_read_the_table(tmp_path: Path) -> None:
     ops = ApiKeys(Store(str(tmp_path / "s.db"))).ops()
     assert ops[KeyTableOp][0] == {"router", "admin"}
-    assert all(roles == {"admin"} for op, (roles, _) in ops.items() if op is not KeyTableOp)
+    assert ops[UsageReportOp][0] == {"router"}  # only a router's usage is counted
+    assert all(roles == {"admin"} for op, (roles, _) in ops.items()
+               if op not in (KeyTableOp, UsageReportOp))

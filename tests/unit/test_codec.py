@@ -21,6 +21,7 @@ from llmgw.model.inventory import (
     NodeInfo,
     StorageReport,
 )
+from llmgw.model.usage import UsageRow
 from llmgw.transport import codec, messages, requests
 from llmgw.transport.apikey_ops import (
     ApiKeyCreateOp,
@@ -29,6 +30,8 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    UsageOp,
+    UsageReportOp,
 )
 
 INV = Inventory(
@@ -52,6 +55,8 @@ OPS: list[requests.Op] = [
     ApiKeyCreateOp("a", "0" * 64, "llmgw-abc", ("m",), 10, 20, 4, Budget(100, 3600.0), 2e9),
     ApiKeyUpdateOp("a", rpm=3, clear_budget=True), ApiKeyRevokeOp("a"), ApiKeyListOp("a"),
     ApiKeyImportOp((ApiKeyCreateOp("b", "1" * 64),)), KeyTableOp("abc"),
+    UsageReportOp("batch-0001", (UsageRow("k", "m", 3600, 200, 2, 6, 3, 1.5),)),
+    UsageOp("k", "m", 3600.0),
 ]
 
 SAMPLES: list[messages.Message] = [

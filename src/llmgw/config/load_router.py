@@ -49,6 +49,9 @@ def _check(path: str, cfg: RouterConfig) -> None:
     if cfg.key_table_interval < 0.1:
         raise ConfigError(path, "key_table_interval",
                           f"{cfg.key_table_interval:g}s must be at least 100ms")
+    if cfg.usage_report_interval < 0.1:
+        raise ConfigError(path, "usage_report_interval",
+                          f"{cfg.usage_report_interval:g}s must be at least 100ms")
     if cfg.hold_queue < 0:
         raise ConfigError(path, "hold_queue", f"{cfg.hold_queue} must be 0 (refuse at once) or more")
     if cfg.cold_start_budget <= 0:

@@ -59,6 +59,8 @@ class RouterConfig:
     # API keys kept by the server (issue 24): how often the router asks for their table
     # (a revoked key is refused within about this long).
     key_table_interval: Duration = 1.0
+    # How often usage per key × model goes to the server (what a killed router loses).
+    usage_report_interval: Duration = 5.0
     # Autoscale (issue 25): how often the router tells the server its load per model.
     load_report_interval: Duration = 5.0
     # A model scaled to zero: requests wait for its first replica, at most `hold_queue`

@@ -78,15 +78,21 @@ def parse_budget(text: str) -> Budget:
     if not sep or m is None:
         raise UsageError(f"--budget: expected TOKENS/PERIOD such as 5M/30d or 20000/1h, got {text!r}")
     n = int(m.group(1)) * {"": 1, "k": 1000, "m": 1_000_000}[m.group(2).lower()]
-    d = _DAYS.match(period.strip())
     try:
-        seconds = float(d.group(1)) * (86400 if d.group(2) == "d" else 7 * 86400) if d \
-            else parse_duration(period.strip())
+        seconds = period_seconds(period)
     except ValueError:
         raise UsageError(f"--budget: {period!r} is not a period (30d, 1w, 12h, 90m)") from None
     if n < 1 or seconds < 1:
         raise UsageError(f"--budget: expected at least 1 token per 1 s, got {text!r}")
     return Budget(n, seconds)
+
+
+def period_seconds(text: str) -> float:
+    """A duration (90m, 12h) or days and weeks (30d, 1w). Raises ValueError."""
+    d = _DAYS.match(text.strip())
+    if d:
+        return float(d.group(1)) * (86400 if d.group(2) == "d" else 7 * 86400)
+    return parse_duration(text.strip())
 
 
 def parse_expires(text: str, now: float) -> float:

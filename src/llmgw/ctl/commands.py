@@ -13,7 +13,7 @@ import trio
 import yaml
 
 from llmgw.config.deployment import load_deployment
-from llmgw.ctl import apikey, render
+from llmgw.ctl import apikey, render, usage
 from llmgw.ctl.follow import follow_window, new_lines
 from llmgw.ctl.settings import default_file, resolve, servers_of
 from llmgw.errors import RequestFailedError, UsageError
@@ -34,7 +34,7 @@ from llmgw.transport.requests import (
     StatusOp,
 )
 
-OUTPUTS = ("table", "wide", "json", "yaml")
+OUTPUTS = ("table", "wide", "json", "yaml", "csv")
 DEFAULT_TIMEOUT = 5.0
 FOLLOW_INTERVAL = 1.0  # seconds between log fetches of `logs -f`
 
@@ -95,7 +95,7 @@ def _add_common(p: argparse.ArgumentParser, *, after_verb: bool) -> None:
                    help=f"how long to wait for the server (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("-o", "--output", choices=OUTPUTS, metavar="FORMAT",
                    **(d or {"default": "table"}),
-                   help="table (default), wide (more columns), json or yaml")
+                   help="table (default), wide (more columns), json or yaml (csv: ctl usage)")
     # Never a default here: it would hide `llmgw -v ctl ...` (the top level has one).
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="debug logging")
@@ -147,6 +147,7 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
     lg.add_argument("-f", "--follow", action="store_true",
                     help="keep printing new lines as they come (Ctrl-C ends)")
     apikey.add_arguments(cmd, lambda v: _add_common(v, after_verb=True), parser_class)
+    usage.add_arguments(cmd)
 
 
 def normalize(args: argparse.Namespace) -> argparse.Namespace:
@@ -169,8 +170,12 @@ def op_of(args: argparse.Namespace) -> Op:
     """The request this command line asks for; a bad deployment file raises here, before
     anything is sent (the operator's to fix)."""
     c = args.ctl_cmd
+    if args.output == "csv" and c != "usage":
+        raise UsageError(f"ctl {c}: -o csv is for ctl usage; use table, wide, json or yaml")
     if c == "apikey":
         return apikey.op_of(args)
+    if c == "usage":
+        return usage.op_of(args)
     if c == "apply":
         return ApplyOp(load_deployment(args.file), args.file)
     if c == "get":
@@ -221,6 +226,8 @@ def only(kind: str, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def formatted(args: argparse.Namespace, result: Any) -> str:
+    if args.ctl_cmd == "usage" and args.output in ("table", "wide", "csv"):
+        return usage.render(args, result)
     if args.ctl_cmd == "apikey":
         if args.output in ("table", "wide"):
             return apikey.render(args, result)

@@ -39,7 +39,9 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
-from llmgw.transport.apikey_ops import KeyTableOp
+from llmgw.router.usage import UsageMeter, UsageTap, with_usage
+from llmgw.router.usage_report import UsageSink, report_usage
+from llmgw.transport.apikey_ops import KeyTableOp, UsageReportOp
 from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
@@ -65,6 +67,8 @@ class Router:
         self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
         # The server's keys (issue 24); once it has any, they win over api_keys_file.
         self.key_table = KeyTable()
+        # Usage per key × model, metered while the server's keys are in use (issue 24).
+        self.usage = UsageMeter()
         self.metrics = RouterMetrics()
         self.lag = LagMeter()
         self.upstream = UpstreamPool(
@@ -290,6 +294,8 @@ class Router:
         status = 500
         metrics = self.metrics
         metrics.in_flight += 1
+        key: ApiKey | ApiKeyRecord | None = None
+        tap: UsageTap | None = None
         try:
             key = self._auth(req)
             if too_deep(req.body):
@@ -321,6 +327,14 @@ class Router:
                     raise errors.unknown_model(m)
             model = m
             streaming = body.get("stream") is True
+            send_body = None
+            if self.key_table.in_use:
+                strip = False
+                if streaming:
+                    asked, strip = with_usage(body)
+                    if strip:
+                        send_body = json.dumps(asked).encode()
+                tap = UsageTap(stream=streaming, strip=strip)
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
             gate = self.gates.get(m)
             if gate is None:
@@ -333,7 +347,8 @@ class Router:
                     raise errors.overloaded(m, str(exc)) from None
                 pool = self.table.pools.get(m) or pool  # the table may have moved on meanwhile
             try:
-                status = await self._forward(client, req, path, pool, akey, streaming, model, t0)
+                status = await self._forward(client, req, path, pool, akey, streaming, model, t0,
+                                             tap, send_body)
             finally:
                 gate.leave(self._capacity(m))
         except ApiError as err:
@@ -342,7 +357,12 @@ class Router:
                 await client.respond(err.status, JSON, err.body(), extra=err.headers())
         finally:
             metrics.in_flight -= 1
-            metrics.done(model, status, trio.current_time() - t0)
+            took = trio.current_time() - t0
+            metrics.done(model, status, took)
+            if self.key_table.in_use:
+                self.usage.add(key.name if key is not None else "", model, status,
+                               tap.prompt if tap is not None else 0,
+                               tap.completion if tap is not None else 0, took, time.time())
 
     async def _forward(
         self,
@@ -354,6 +374,8 @@ class Router:
         streaming: bool,
         model: str,
         now: float,
+        tap: UsageTap | None = None,
+        body: bytes | None = None,
     ) -> int:
         """Try up to MAX_TRIES replicas; returns the status the client got. `now`: when
         the request came (the clock is read again only for a further try)."""
@@ -368,7 +390,7 @@ class Router:
             tried += (r,)
             r.outstanding += 1
             try:
-                return await self.relay.run(client, req, path, r, streaming, model, now)
+                return await self.relay.run(client, req, path, r, streaming, model, now, tap, body)
             except ClientGone:
                 return 499  # the client went away; nothing to answer
             except Failed as f:
@@ -438,6 +460,7 @@ async def serve_router(
     table_source: TableSource,
     load_sink: LoadSink | None = None,
     key_source: KeySource | None = None,
+    usage_sink: UsageSink | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
@@ -462,6 +485,9 @@ async def serve_router(
                 await nursery.start(poll_keys, router.key_table, key_source,
                                     config.key_table_interval)
             nursery.start_soon(router.poll_table, table_source)
+            if usage_sink is not None:
+                nursery.start_soon(report_usage, router.usage, usage_sink,
+                                   config.usage_report_interval)
             nursery.start_soon(
                 watch_load,
                 lambda: list(router.table.replicas.values()),
@@ -508,4 +534,10 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
                             max(2.0, config.key_table_interval * 2))
         return result if isinstance(result, Mapping) else None
 
-    await serve_router(config, table_source=source, load_sink=sink, key_source=key_source)
+    usage = LeaderClient(config.server, request)
+
+    async def usage_sink(op: UsageReportOp) -> object:
+        return await usage(config.keys.secret_key, config.keys.server_key, op, timeout)
+
+    await serve_router(config, table_source=source, load_sink=sink, key_source=key_source,
+                       usage_sink=usage_sink)

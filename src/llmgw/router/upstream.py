@@ -40,6 +40,7 @@ from llmgw.router.errors import sse_error_event
 from llmgw.router.http import ClientConn
 from llmgw.router.lag import LagMeter
 from llmgw.router.metrics import RouterMetrics
+from llmgw.router.usage import UsageTap
 
 
 class ConnectFailed(OSError):
@@ -296,15 +297,20 @@ class Relay:
         streaming: bool,
         model: str,
         t0: float | None = None,
+        tap: UsageTap | None = None,
+        body: bytes | None = None,
     ) -> int:
         """Relay one exchange; returns the status. Raises Failed before anything went to
         the client, trio.BrokenResourceError when the engine failed after that, ClientGone
         when the client closed meanwhile (the engine's connection is closed: it stops).
-        `t0`: the clock now, when the caller has just read it."""
+        `t0`: the clock now, when the caller has just read it. `tap` (usage metering,
+        issue 24) sees the answer and may drop a stream's usage event; `body` replaces
+        the client's (a metered stream asks the engine for its usage)."""
         if t0 is None:
             t0 = trio.current_time()
         http10 = client.http10  # no chunked framing for the client: ask the engine in 1.0
-        body = req.body
+        if body is None:
+            body = req.body
         req_head = (
             b"POST %s HTTP/1.%d\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
             % (
@@ -353,6 +359,8 @@ class Relay:
                         raise H1Error(502, "chunked answer to an HTTP/1.0 request")
                     scanner = ChunkedReader(502)
                     chunked_out = True
+                    if tap is not None:
+                        tap.chunked = True
                     out = client.head(
                         status, b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
                     )
@@ -377,18 +385,22 @@ class Relay:
                         if scanner is not None:
                             # The engine's chunks go to the client byte for byte.
                             fwd, done = scanner.feed(data)
-                            out += fwd
+                            out += fwd if tap is None else tap.feed(fwd)
                         elif framing == "length":
                             if len(data) > left:
                                 data = data[:left]
                                 extra = True  # more than the engine said: not reused
                             left -= len(data)
-                            out += data
+                            out += data if tap is None else tap.feed(data)
                             done = left == 0
                         else:
+                            if tap is not None:
+                                tap.feed(data)
                             out += b"%x\r\n%s\r\n" % (len(data), data) if chunked_out else data
                             done = False
                         if done:
+                            if tap is not None:
+                                tap.done()
                             if chunked_out:
                                 out += b"0\r\n\r\n"
                             if idle_armed:
@@ -416,6 +428,8 @@ class Relay:
                         break
                     if not data:
                         if framing == "close":
+                            if tap is not None:
+                                tap.done()
                             if chunked_out:
                                 await sockio.send_all(send, b"0\r\n\r\n")
                             ok = True

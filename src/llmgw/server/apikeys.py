@@ -30,9 +30,14 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    UsageOp,
+    UsageReportOp,
 )
 
 Handler = Callable[[Peer, Any, float], Any]
+# A router retries a batch for minutes at most: batch ids are kept a day, trimmed hourly.
+BATCH_KEEP = 86400.0
+BATCH_TRIM_EVERY = 3600.0
 
 
 def table_entry(k: ApiKeyRecord) -> dict[str, Any]:
@@ -60,6 +65,8 @@ def table_version(entries: list[dict[str, Any]]) -> str:
 class ApiKeys:
     def __init__(self, store: StateStore) -> None:
         self.store = store
+        self.batches_trimmed = 0.0  # when usage batch ids were last forgotten
+        self.usage_batches = {"added": 0, "repeated": 0}  # batches from routers
         self.keys: dict[str, ApiKeyRecord] = store.api_keys()
         self._table: list[dict[str, Any]] = []
         self.version = ""
@@ -74,6 +81,8 @@ class ApiKeys:
             ApiKeyListOp: (admin, self.op_list),
             ApiKeyImportOp: (admin, self.op_import),
             KeyTableOp: (frozenset({"router", "admin"}), self.op_key_table),
+            UsageReportOp: (frozenset({"router"}), self.op_usage_report),
+            UsageOp: (admin, self.op_usage),
         }
 
     def _rebuild(self) -> None:
@@ -166,3 +175,24 @@ class ApiKeys:
         if op.since == self.version:
             return {"version": self.version, "unchanged": True}
         return {"version": self.version, "keys": self._table}
+
+    # ---- usage ----
+
+    async def op_usage_report(self, peer: Peer, op: UsageReportOp, now: float) -> Any:
+        def add() -> bool:
+            added = self.store.add_usage(op.batch_id, op.rows, now)
+            if now - self.batches_trimmed > BATCH_TRIM_EVERY:
+                self.store.trim_usage_batches(now - BATCH_KEEP)
+                self.batches_trimmed = now
+            return added
+        added = await trio.to_thread.run_sync(add)
+        self.usage_batches["added" if added else "repeated"] += 1
+        return {"added": added}
+
+    async def op_usage(self, peer: Peer, op: UsageOp, now: float) -> Any:
+        rows = await trio.to_thread.run_sync(lambda: self.store.usage(
+            api_key=op.api_key or None, model=op.model or None, since=op.since))
+        return [{"api_key": r.api_key, "model": r.model, "hour": r.hour, "status": r.status,
+                 "requests": r.requests, "prompt_tokens": r.prompt_tokens,
+                 "completion_tokens": r.completion_tokens, "latency_sum": r.latency_sum}
+                for r in rows]

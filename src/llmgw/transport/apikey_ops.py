@@ -13,6 +13,7 @@ import re
 from attrs import field, frozen
 
 from llmgw.model.apikey import Budget, check_name
+from llmgw.model.usage import UsageRow
 
 MAX_LIMIT = 10**12  # rpm, tpm, concurrency, budget tokens: anything larger is a typo
 MAX_MODELS = 1024  # model names one key may list
@@ -123,6 +124,40 @@ class KeyTableOp:
     """A router's poll: the key table, or only its version when it is `since`."""
 
     since: str = ""
+
+
+def _rows(_: object, __: object, value: tuple[UsageRow, ...]) -> None:
+    if len(value) > MAX_IMPORT:
+        raise ValueError(f"a usage batch carries at most {MAX_IMPORT} rows, got {len(value)}")
+    for r in value:
+        if len(r.api_key) > 100 or len(r.model) > 256 or not 100 <= r.status <= 599:
+            raise ValueError(f"usage row: a key of at most 100 characters, a model of at most "
+                             f"256 and an HTTP status, got {r.api_key[:40]!r} {r.model[:40]!r} {r.status}")
+        if min(r.requests, r.prompt_tokens, r.completion_tokens, r.hour) < 0 \
+                or not 0 <= r.latency_sum < 1e12:
+            raise ValueError("usage row: counts must not be negative")
+
+
+def _batch_id(_: object, __: object, value: str) -> None:
+    if not 8 <= len(value) <= 64:
+        raise ValueError(f"batch_id: expected 8 to 64 characters, got {len(value)}")
+
+
+@frozen
+class UsageReportOp:
+    """A router's usage since its last report; `batch_id` makes a retry count once."""
+
+    batch_id: str = field(validator=_batch_id)
+    rows: tuple[UsageRow, ...] = field(default=(), validator=_rows)
+
+
+@frozen
+class UsageOp:
+    """Stored usage from the hour holding `since` (epoch seconds) on; "" : every key/model."""
+
+    api_key: str = ""
+    model: str = ""
+    since: float = field(default=0.0, validator=_when)
 
 
 # ---- results ----

@@ -22,6 +22,8 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    UsageOp,
+    UsageReportOp,
 )
 
 # The most log lines one `logs` request may ask for.
@@ -154,6 +156,8 @@ Op = (
     | ApiKeyListOp
     | ApiKeyImportOp
     | KeyTableOp
+    | UsageReportOp
+    | UsageOp
 )
 
 

@@ -1,0 +1,187 @@
+"""Usage per API key × model (issue 24), router side, pure: the tap that reads the
+engine's `usage` from an answer as it is relayed, and the meter that adds it up and hands
+out batches for the server.
+
+The tap. A plain answer's `usage` object is near its end: the tap keeps the answer's last
+TAIL bytes and reads it from there when the answer is done. A stream has it only when the
+request asked (`stream_options.include_usage`): the router asks on every metered stream,
+and when the client had not, strips that event (its `choices` is empty, which some
+clients do not expect) from what the client gets. For that the tap reads the chunked
+framing the engine sent (already checked by the relay's ChunkedReader): a chunk is held
+until it is whole (an engine writes one event per chunk, so in practice nothing waits),
+except one larger than HOLD_MAX, which goes on as it comes. An answer in another framing
+(a client speaking HTTP/1.0) is only read, never changed.
+
+The meter. Rows per (key, model, hour, status), merged as they come; `batch()` seals them
+into a batch with an id and hands the same batch out again until `acked`, so that a batch
+retried after a failover carries its id and is counted once (store.add_usage). What is
+lost when a router dies is what it had not sent: at most one report interval.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from attrs import evolve
+
+from llmgw.model.usage import UsageRow, hour_of
+
+TAIL = 4096  # bytes of a plain answer kept to find its usage in
+HOLD_MAX = 65536  # a stream's chunk larger than this is not held whole
+MAX_ROWS = 4000  # rows per batch (a message's lists hold at most 4096 items)
+_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*\})')
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+def _tokens(obj: Any) -> tuple[int, int] | None:
+    if not isinstance(obj, dict):
+        return None
+    p, c = obj.get("prompt_tokens", 0), obj.get("completion_tokens", 0)
+    if type(p) is not int or type(c) is not int or p < 0 or c < 0:
+        return None
+    return p, c
+
+
+class UsageTap:
+    """One answer's usage, read as it is relayed. `strip`: drop the usage event of a
+    stream (the client did not ask for it)."""
+
+    __slots__ = ("strip", "stream", "chunked", "prompt", "completion", "seen", "_tail", "_held",
+                 "_pass")
+
+    def __init__(self, *, stream: bool, strip: bool = False) -> None:
+        self.stream = stream
+        self.strip = strip
+        self.chunked = False  # set by the relay when the engine's answer is chunked
+        self.prompt = 0
+        self.completion = 0
+        self.seen = False  # a usage object was found
+        self._tail = b""
+        self._held = b""
+        self._pass = 0  # bytes of an oversized chunk still to let through as they come
+
+    def feed(self, data: bytes) -> bytes:
+        """What to send on of `data` (the engine's bytes, as the relay would send them)."""
+        if not (self.stream and self.chunked):
+            self._tail = (self._tail + data)[-TAIL:]
+            return data
+        return self._chunks(data)
+
+    def _chunks(self, data: bytes) -> bytes:
+        out = bytearray()
+        if self._pass:
+            take = min(self._pass, len(data))
+            out += data[:take]
+            self._pass -= take
+            data = data[take:]
+        buf = self._held + data if self._held else data
+        pos = 0
+        n = len(buf)
+        while pos < n:
+            nl = buf.find(b"\r\n", pos)
+            if nl < 0:
+                break
+            try:
+                size = int(buf[pos:nl].split(b";", 1)[0], 16)
+            except ValueError:  # the relay's reader checks the framing: not reached
+                out += buf[pos:]
+                pos = n
+                break
+            end = nl + 2 + size + 2
+            if end > n:
+                if end - pos > HOLD_MAX:  # too big to hold: on as it comes
+                    out += buf[pos:]
+                    self._pass = end - n
+                    pos = n
+                break
+            payload = buf[nl + 2:nl + 2 + size]
+            if b'"usage"' in payload and self._event(payload) and self.strip:
+                pos = end
+                continue
+            out += buf[pos:end]
+            pos = end
+        self._held = buf[pos:]
+        return bytes(out)
+
+    def _event(self, payload: bytes) -> bool:
+        """Read a stream event's usage; True when it is the usage-only event."""
+        m = _USAGE.search(payload)
+        if m is None:
+            return False
+        try:
+            got = _tokens(json.loads(m.group(1)))
+        except ValueError:
+            return False
+        if got is None:
+            return False
+        self.prompt, self.completion = got
+        self.seen = True
+        return _EMPTY_CHOICES.search(payload) is not None
+
+    def done(self) -> None:
+        """The answer is whole: a plain one's usage is read from its tail."""
+        if self.stream and self.chunked:
+            return
+        tail = self._tail
+        found = list(_USAGE.finditer(tail))
+        if not found:
+            return
+        try:
+            got = _tokens(json.loads(found[-1].group(1)))
+        except ValueError:
+            return
+        if got is not None:
+            self.prompt, self.completion = got
+            self.seen = True
+
+
+def with_usage(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A stream's request asking the engine for usage; True when the client had not asked
+    (its usage event is then stripped)."""
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return body, False
+    opts = dict(options) if isinstance(options, dict) else {}
+    opts["include_usage"] = True
+    return {**body, "stream_options": opts}, True
+
+
+class UsageMeter:
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str, int, int], UsageRow] = {}
+        self.sealed: tuple[str, tuple[UsageRow, ...]] | None = None  # sent, not acked
+
+    def add(self, key: str, model: str, status: int, prompt: int, completion: int,
+            latency: float, now: float) -> None:
+        g = (key, model, hour_of(now), status)
+        have = self.rows.get(g)
+        if have is None:
+            self.rows[g] = UsageRow(key, model, g[2], status, 1, prompt, completion, latency)
+        else:
+            self.rows[g] = evolve(have, requests=have.requests + 1,
+                                  prompt_tokens=have.prompt_tokens + prompt,
+                                  completion_tokens=have.completion_tokens + completion,
+                                  latency_sum=have.latency_sum + latency)
+
+    def batch(self, new_id: str) -> tuple[str, tuple[UsageRow, ...]] | None:
+        """The batch to send now: the unacknowledged one again, else what was counted
+        since (sealed with `new_id`), else None."""
+        if self.sealed is not None:
+            return self.sealed
+        if not self.rows:
+            return None
+        groups = sorted(self.rows)[:MAX_ROWS]
+        self.sealed = (new_id, tuple(self.rows.pop(g) for g in groups))
+        return self.sealed
+
+    def acked(self, batch_id: str) -> None:
+        if self.sealed is not None and self.sealed[0] == batch_id:
+            self.sealed = None
+
+    @property
+    def unsent(self) -> int:
+        """Requests counted and not yet acknowledged."""
+        n = sum(r.requests for r in self.rows.values())
+        return n + (sum(r.requests for r in self.sealed[1]) if self.sealed else 0)

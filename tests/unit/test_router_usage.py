@@ -1,0 +1,125 @@
+"""Usage metering in the router (issue 24): the tap that reads an answer's `usage` (and
+strips a stream's usage event the client did not ask for), the meter's batches (a retry
+keeps its id), the server adding a batch once, and `ctl usage` rendering."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmgw.cli import build_parser
+from llmgw.ctl import usage as ctl_usage
+from llmgw.model.usage import UsageRow
+from llmgw.router.usage import UsageMeter, UsageTap, with_usage
+from llmgw.server.apikeys import ApiKeys
+from llmgw.server.control import Peer
+from llmgw.server.store import Store
+from llmgw.transport.apikey_ops import UsageOp, UsageReportOp
+
+
+def event(obj: dict[str, Any]) -> bytes:
+    payload = b"data: " + json.dumps(obj).encode() + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+TOKENS = [event({"choices": [{"text": t}]}) for t in ("a", "b", "c")]
+USAGE = event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3,
+                                        "total_tokens": 10}})
+DONE = b"e\r\ndata: [DONE]\n\n\r\n"
+WIRE = b"".join(TOKENS) + USAGE + DONE
+
+
+def relay(tap: UsageTap, wire: bytes, cuts: list[int]) -> bytes:
+    tap.chunked = True
+    out = b""
+    last = 0
+    for c in sorted(set(cuts)) + [len(wire)]:
+        out += tap.feed(wire[last:c])
+        last = c
+    tap.done()
+    return out
+
+
+@given(st.lists(st.integers(0, len(WIRE)), max_size=8))
+def test_stream_usage_is_read_and_stripped_however_the_bytes_come(cuts: list[int]) -> None:
+    tap = UsageTap(stream=True, strip=True)
+    assert relay(tap, WIRE, cuts) == b"".join(TOKENS) + DONE
+    assert (tap.prompt, tap.completion, tap.seen) == (7, 3, True)
+    kept = UsageTap(stream=True, strip=False)
+    assert relay(kept, WIRE, cuts) == WIRE  # the client asked for it: byte for byte
+    assert (kept.prompt, kept.completion) == (7, 3)
+
+
+def test_a_huge_chunk_is_not_held() -> None:
+    big = event({"choices": [{"text": "x" * 100_000}]})
+    tap = UsageTap(stream=True, strip=True)
+    tap.chunked = True
+    first = tap.feed(big[:1000])
+    assert first == big[:1000]  # passed on at once
+    assert tap.feed(big[1000:] + USAGE) == big[1000:]
+    assert tap.completion == 3
+
+
+def test_plain_answer_usage_from_its_tail() -> None:
+    body = json.dumps({"choices": [{"text": "x" * 10_000}],
+                       "usage": {"prompt_tokens": 11, "completion_tokens": 5}}).encode()
+    tap = UsageTap(stream=False)
+    assert tap.feed(body[:50]) + tap.feed(body[50:]) == body
+    tap.done()
+    assert (tap.prompt, tap.completion) == (11, 5)
+    junk = UsageTap(stream=False)
+    junk.feed(b'{"usage": {"prompt_tokens": -1}}')
+    junk.done()
+    assert not junk.seen
+
+
+def test_with_usage() -> None:
+    assert with_usage({"stream": True}) == ({"stream": True, "stream_options": {"include_usage": True}}, True)
+    asked = {"stream": True, "stream_options": {"include_usage": True}}
+    assert with_usage(asked) == (asked, False)
+
+
+def test_meter_batches_resend_until_acked() -> None:
+    m = UsageMeter()
+    assert m.batch("b0") is None
+    m.add("k", "m", 200, 5, 2, 0.5, 7200.0)
+    m.add("k", "m", 200, 1, 1, 0.5, 7300.0)
+    m.add("k", "m", 429, 0, 0, 0.0, 7300.0)
+    b = m.batch("b1")
+    assert b is not None and b[0] == "b1"
+    assert b[1] == (UsageRow("k", "m", 7200, 200, 2, 6, 3, 1.0), UsageRow("k", "m", 7200, 429, 1))
+    m.add("k", "m", 200, 1, 1, 0.1, 7300.0)
+    assert m.batch("b2") == b  # not acked: the same batch, same id
+    m.acked("b1")
+    b2 = m.batch("b3")
+    assert b2 is not None and b2[0] == "b3" and b2[1][0].requests == 1
+    m.acked("b3")
+    assert m.unsent == 0
+
+
+def test_server_counts_a_batch_once(tmp_path: Path) -> None:
+    keys = ApiKeys(Store(str(tmp_path / "s.db")))
+    router, admin = Peer(b"r", "router", "r1"), Peer(b"a", "admin", "ops")
+    op = UsageReportOp("batch-0001", (UsageRow("k", "m", 3600, 200, 2, 6, 3, 1.0),))
+    assert trio.run(keys.op_usage_report, router, op, 4000.0) == {"added": True}
+    assert trio.run(keys.op_usage_report, router, op, 4001.0) == {"added": False}
+    rows = trio.run(keys.op_usage, admin, UsageOp(), 4002.0)
+    assert [(r["requests"], r["prompt_tokens"]) for r in rows] == [(2, 6)]
+    assert keys.usage_batches == {"added": 1, "repeated": 1}
+
+
+def test_ctl_usage_table_and_csv() -> None:
+    args = build_parser().parse_args(["ctl", "usage", "--api-key", "k", "--since", "7d", "-o", "csv"])
+    assert ctl_usage.op_of(args, 1_000_000.0) == UsageOp("k", "", 1_000_000.0 - 7 * 86400)
+    rows = [{"hour": 3600, "api_key": "k", "model": "m", "status": 200, "requests": 2,
+             "prompt_tokens": 6, "completion_tokens": 3, "latency_sum": 1.0},
+            {"hour": 7200, "api_key": "k", "model": "m", "status": 429, "requests": 1,
+             "prompt_tokens": 0, "completion_tokens": 0, "latency_sum": 0.0}]
+    assert ctl_usage.render(args, rows).splitlines()[1] == "3600,k,m,200,2,6,3,1.0"
+    args.output = "table"
+    assert ctl_usage.render(args, rows).splitlines()[1].split() == ["k", "m", "3", "1", "6", "3", "333ms"]
