@@ -145,3 +145,26 @@ def test_a_gang_is_placed_on_healthy_hcas_only() -> None:
     p = place(d, cluster(a, b, c))  # type: ignore[arg-type]
     assert isinstance(p, Placement), p
     assert {m.node_id: m.hcas for m in p.members} == {"a": ("mlx5_1",), "b": ("mlx5_0", "mlx5_1")}
+
+
+def test_an_hca_gone_after_start_is_reported_not_hidden(tmp_path: Path) -> None:
+    from llmgw.agent.hca_watch import GONE, with_gone, without_hcas
+    from llmgw.config.agent import AgentConfig, FabricConfig, KeysConfig
+
+    cfg = AgentConfig(node_id="n", server="tcp://127.0.0.1:1", keys=KeysConfig("k", "s"),
+                      mgmt_addr="127.0.0.1",
+                      fabrics=(FabricConfig("ib", ("mlx5_0", "mlx5_1"), 200),))
+    h = HcaHealth()
+    h.observe([active("mlx5_0"), active("mlx5_1")], 0)
+    assert h.gone() == frozenset()
+    h.observe([active("mlx5_0"), PortSample("mlx5_1", 0, "")], 2)
+    assert h.gone() == {"mlx5_1"}
+    reduced = without_hcas(cfg, h.gone())
+    assert reduced.fabrics[0].hcas == ("mlx5_0",)
+    # What discovery finds under the reduced labels, then the gone HCA put back as such.
+    found = Inventory(hcas=(_hca("mlx5_0"),), fabrics=(FabricReport("ib", ("mlx5_0",), FabricState.UP, 200),))
+    inv = with_gone(found, cfg, h.gone())
+    assert [(x.name, x.problems) for x in inv.hcas] == [("mlx5_0", ()), ("mlx5_1", (GONE,))]
+    assert inv.fabrics[0].hcas == ("mlx5_0", "mlx5_1") and inv.fabrics[0].state is FabricState.DEGRADED
+    assert usable_fabrics(inv)["ib"].hcas == ("mlx5_0",)
+    assert sick_hcas(inv, ("mlx5_1",)) == [f"mlx5_1 ({GONE})"]

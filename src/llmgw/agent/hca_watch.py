@@ -23,9 +23,12 @@ import trio
 from attrs import evolve, frozen
 
 from llmgw.agent.discovery.infiniband import parse_rate, parse_state
-from llmgw.model.inventory import Inventory
+from llmgw.config.agent import AgentConfig
+from llmgw.model.inventory import FabricState, Hca, Inventory
 
 log = logging.getLogger(__name__)
+
+GONE = "not found in sysfs"
 
 # Per counter, the rise between two readings that makes a problem. A link that went down
 # and came back (link_downed), or retrained (link_error_recovery), has dropped packets and
@@ -147,7 +150,7 @@ class HcaHealth:
         prev = self._last.get(key)
         self._last[key] = (now, s.counters)
         if not s.state:
-            return f"port {s.port} unreadable" if s.port else "not found in sysfs"
+            return f"port {s.port} unreadable" if s.port else GONE
         if s.state.upper() != "ACTIVE":
             return f"port {s.port} {s.state}" + (f" ({s.phys_state})" if s.phys_state else "")
         if prev is None:
@@ -164,12 +167,41 @@ class HcaHealth:
             return ""
         return f"port {s.port} {', '.join(jumps)} in {now - then:.0f}s"
 
+    def gone(self) -> frozenset[str]:
+        """The HCAs whose ports folder is gone from sysfs now."""
+        return frozenset(h for h, lines in self._problems.items() if GONE in lines)
+
     def apply(self, inv: Inventory) -> Inventory:
         """`inv` with each HCA's problems as seen now."""
         if not inv.hcas:
             return inv
         hcas = tuple(evolve(h, problems=self._problems.get(h.name, ())) for h in inv.hcas)
         return inv if hcas == inv.hcas else evolve(inv, hcas=hcas)
+
+
+def without_hcas(config: AgentConfig, gone: frozenset[str]) -> AgentConfig:
+    """`config` with the HCAs in `gone` left out of its fabrics, so that discovery, which
+    refuses a labelled HCA that is absent (a wrong label), can still read the rest after
+    one left sysfs while the agent runs (a firmware reset, a driver reload)."""
+    fabrics = tuple(evolve(f, hcas=tuple(h for h in f.hcas if h not in gone)) for f in config.fabrics)
+    return evolve(config, fabrics=fabrics)
+
+
+def with_gone(inv: Inventory, config: AgentConfig, gone: frozenset[str]) -> Inventory:
+    """`inv` (discovered without the HCAs in `gone`) with each of them back as an HCA
+    that is not found, and each fabric listing its configured HCAs again: the server sees
+    the HCA unhealthy (its replicas move) rather than not at all."""
+    have = {h.name for h in inv.hcas}
+    missing = tuple(Hca(name=h, node_guid="", problems=(GONE,)) for h in sorted(gone) if h not in have)
+    labels = {f.name: f.hcas for f in config.fabrics}
+    fabrics = []
+    for f in inv.fabrics:
+        hcas = labels.get(f.name, f.hcas)
+        state = f.state
+        if state is FabricState.UP and set(hcas) & gone:
+            state = FabricState.DEGRADED
+        fabrics.append(evolve(f, hcas=hcas, state=state))
+    return evolve(inv, hcas=(*inv.hcas, *missing), fabrics=tuple(fabrics))
 
 
 async def serve_hca_watch(

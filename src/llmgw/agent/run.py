@@ -25,12 +25,13 @@ from llmgw.agent.discovery.nvml import read_gpu_memory
 from llmgw.agent.gpu_claims import mark_inventory
 from llmgw.agent.gpu_memory import GpuMemory, from_inventory
 from llmgw.agent.gpu_usage import GpuSampler
-from llmgw.agent.hca_watch import HcaHealth, serve_hca_watch
+from llmgw.agent.hca_watch import HcaHealth, serve_hca_watch, with_gone, without_hcas
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.supervisor import Supervisor
 from llmgw.agent.xid import XidProblems, serve_xid_watch
 from llmgw.config.agent import AgentConfig
+from llmgw.errors import DiscoveryError
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import GpuSource, Inventory, ModelCopy, NodeInfo
 from llmgw.transport import dealer
@@ -203,7 +204,17 @@ class Agent:
         holders of GPU memory, the GPUs its stopped engines have not released yet, and the
         Xid errors seen since it started."""
         with self.metrics.discovery.time():
-            found = await discover(self.config, nvml=self.nvml, logged=self._logged, python=self.python)
+            try:
+                found = await discover(self.config, nvml=self.nvml, logged=self._logged,
+                                       python=self.python)
+            except DiscoveryError:
+                # At start nothing is gone yet: a missing HCA is a wrong label (exit 2).
+                gone = self.hca_health.gone()
+                if not gone:
+                    raise
+                found = with_gone(await discover(without_hcas(self.config, gone), nvml=self.nvml,
+                                                 logged=self._logged, python=self.python),
+                                  self.config, gone)
         own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
         found = self.hca_health.apply(found)
         found = evolve(found, storage=self.bad_copies.apply(found.storage))
