@@ -35,6 +35,7 @@ def test_examples_load() -> None:
     assert any(d.engine == EngineKind.SGLANG for d in loaded.values())
     auto = loaded["llama-8b-autoscale.yaml"].autoscale
     assert auto is not None and (auto.min, auto.max, auto.idle_to_zero) == (0, 8, 1800.0)
+    assert loaded["llama-8b-autoscale.yaml"].priority == 5
 
 
 def test_defaults() -> None:
