@@ -111,6 +111,10 @@ def test_adapters_load_route_and_unload_without_a_restart(cluster: Cluster, tmp_
     wait_for(lost, 30, "base-lost refused with its reason", interval=0.3)
     events = cluster.ctl("describe", "replica", "lora-0")
     assert "no restart" in events.stdout, events.stdout
+    # describe says which are loaded where, and why one is not.
+    assert "Adapters:   base-chat (on n1)" in events.stdout, events.stdout
+    assert (f"  not loaded: base-lost: Loading lora base-lost failed: No adapter found for "
+            f"{tmp_path / 'nowhere'} (HTTP 404)") in events.stdout, events.stdout
     assert set(engine_pids(cluster.root)) == pids
     # Bad input stays one line, exit 2, naming the field.
     bad = tmp_path / "bad.yaml"

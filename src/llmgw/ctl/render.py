@@ -220,12 +220,23 @@ def _describe_node(n: dict[str, Any]) -> str:
              ",".join(str(p) for p in sorted((g.get("nvlink_peers") or {}).keys())) or "-"]
             for g in gpus]))
         lines += _gpu_notes(gpus)
+    lines += _hca_notes(n.get("hcas") or [])
     for w in n.get("warnings", []):
         lines.append(f"warning: {w}")
     lines += ["", "Replicas:"]
     reps = n.get("replica_list", [])
     lines.append(_replicas_table(reps, wide=False) if reps else "  none")
     return "\n".join(lines)
+
+
+def _hca_notes(hcas: list[Any]) -> list[str]:
+    """One line per unhealthy HCA (the HCA watch's problems): out of its fabric."""
+    out = []
+    for h in hcas:
+        if isinstance(h, dict) and not h.get("healthy", True):
+            why = "; ".join(str(p) for p in h.get("problems") or []) or "no active port"
+            out.append(f"HCA {h.get('name', '?')} unhealthy, not counted in its fabric: {why}")
+    return out
 
 
 def _weights(w: object) -> list[str]:
@@ -251,6 +262,21 @@ def _nics(nics: object) -> list[str]:
     return out if len(out) > 1 else []
 
 
+def _adapters(a: object) -> list[str]:
+    """The LoRA adapters the head engine has loaded, and why any it should have is not
+    (EngineReport.adapters / adapter_errors): a dict node -> {loaded, errors}."""
+    if not isinstance(a, dict):
+        return []
+    out = []
+    for node, facts in sorted(a.items()):
+        if not isinstance(facts, dict):
+            continue
+        loaded = ", ".join(str(x) for x in facts.get("loaded") or []) or "none"
+        out.append(f"Adapters:   {loaded} (on {node})")
+        out += [f"  not loaded: {e}" for e in facts.get("errors") or []]
+    return out
+
+
 def _describe_replica(r: dict[str, Any]) -> str:
     lines = [f"Replica:    {r['id']}", f"Deployment: {r['deployment']}",
              f"State:      {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""),
@@ -259,6 +285,7 @@ def _describe_replica(r: dict[str, Any]) -> str:
              f"GPUs:       {_replica_gpus(r)}", f"Fabric:     {r.get('fabric') or '-'}",
              f"Endpoint:   {r.get('endpoint') or '-'}"]
     lines += _weights(r.get("weights"))
+    lines += _adapters(r.get("adapters"))
     lines += _nics(r.get("nics"))
     if r.get("replaces"):
         lines.append(f"Replaces:   {r['replaces']}")

@@ -70,6 +70,12 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "labels": dict(node.info.labels),
         "fabrics": [{"name": f.name, "state": str(f.state), "hcas": list(f.hcas)}
                     for f in inv.fabrics],
+        # Each HCA's ports and what the HCA watch says (issue 22): one with problems does
+        # not count in its fabric, and the replicas riding it are moved.
+        "hcas": [{"name": h.name, "healthy": h.healthy, "problems": list(h.problems),
+                  "ports": [{"number": p.number, "state": p.state, "rate_gbps": p.rate_gbps}
+                            for p in h.ports]}
+                 for h in inv.hcas],
         "gpus": _gpus(inv),
         "gpu_source": str(inv.gpu_source),
         "storage": _storage(inv.storage),
@@ -209,7 +215,25 @@ def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> 
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
         # Which HCA each gang member's GPUs ride (issue 22).
         "nics": member_nics(r.members, {n: v.inventory for n, v in o.cp.nodes.items()}),
+        **_engine_facts(o, r),
     }
+
+
+def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
+    """What each member's engine reported of this generation (issue 23): the weights it
+    loads, node -> line; and, where the spec has adapters, node -> {loaded, errors}."""
+    weights: dict[str, str] = {}
+    adapters: dict[str, dict[str, list[str]]] = {}
+    for m in r.members:
+        node = o.cp.nodes.get(m.node_id)
+        rep = node.engines.get(r.id) if node is not None else None
+        if rep is None or rep.generation != r.generation:
+            continue
+        if rep.weights:
+            weights[m.node_id] = rep.weights
+        if r.spec.adapters and m.rank == 0:  # the head serves the API, and the adapters
+            adapters[m.node_id] = {"loaded": list(rep.adapters), "errors": list(rep.adapter_errors)}
+    return {"weights": weights, **({"adapters": adapters} if r.spec.adapters else {})}
 
 
 def _with_last_event(o: Orchestrator, r: Replica) -> dict[str, Any]:
