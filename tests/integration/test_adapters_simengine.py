@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from fakes.adapters import write_adapter
 from fakes.engines import SimEngineProcess, free_port, vllm_args
-from llmgw.agent.adapter_sync import call, sync_adapters
+from llmgw.agent.adapter_sync import AdapterKeeper, call, sync_adapters
+from llmgw.agent.adapters import SyncResult
 from llmgw.model.engine import Adapter
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
@@ -99,3 +101,28 @@ async def test_without_runtime_updating_the_endpoints_do_not_exist(tmp_path: Pat
         status, _ = await call(eng.host, eng.port, "POST", "/v1/load_lora_adapter",
                                {"lora_name": "a", "lora_path": "/x"}, timeout=5)
         assert status == 404
+
+
+async def test_an_engine_that_cannot_be_asked_keeps_what_it_had(tmp_path: Path) -> None:
+    env = {**FAST, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    sql = Adapter("sim-sql", str(write_adapter(tmp_path / "sql")))
+    results: list[SyncResult] = []
+    with SimEngineProcess.start([*vllm_args(free_port()), *LORA], env, log_dir=tmp_path) as eng:
+        await eng.wait_healthy_async()
+        keeper = AdapterKeeper(eng.host, eng.port, "r", lambda: ("sim", (sql,)), lambda: True,
+                               results.append)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keeper.run)
+            keeper.poke()
+            with trio.fail_after(10):
+                while not results:
+                    await trio.sleep(0.02)
+            assert results[-1] == SyncResult(("sim-sql",), ())
+            eng.stop()  # gone (or too busy to answer): nothing new is learnt
+            keeper.poke()
+            with trio.fail_after(10):
+                while len(results) < 2:
+                    await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    assert results[-1].loaded == ("sim-sql",)
+    assert results[-1].errors[0].startswith("cannot ask the engine: GET /v1/models")

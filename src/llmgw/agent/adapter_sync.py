@@ -116,6 +116,7 @@ class AdapterKeeper:
         self._host, self._port, self._rid = host, port, rid
         self._wanted, self._ready, self._on_result = wanted, ready, on_result
         self._due = trio.Event()
+        self._last = SyncResult((), ())
 
     def poke(self) -> None:
         self._due.set()
@@ -130,8 +131,11 @@ class AdapterKeeper:
             try:
                 result = await sync_adapters(self._host, self._port, served, wanted, rid=self._rid)
             except EngineCallError as exc:
+                # A busy engine may miss LIST_TIMEOUT: what it had loaded stays routed (the
+                # server drops any the spec no longer wants), and the sync is tried again.
                 log.warning("engine %s: cannot sync its adapters: %s", self._rid, exc)
-                result = SyncResult((), (f"cannot ask the engine: {exc}",))
+                result = SyncResult(self._last.loaded, (f"cannot ask the engine: {exc}",))
+            self._last = result
             self._on_result(result)
             if result.errors:
                 with trio.move_on_after(RETRY_AFTER):
