@@ -19,6 +19,7 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    LeaseOp,
     UsageReportOp,
 )
 
@@ -99,5 +100,6 @@ def test_only_routers_and_admins_read_the_table(tmp_path: Path) -> None:
     ops = ApiKeys(Store(str(tmp_path / "s.db"))).ops()
     assert ops[KeyTableOp][0] == {"router", "admin"}
     assert ops[UsageReportOp][0] == {"router"}  # only a router's usage is counted
+    assert ops[LeaseOp][0] == {"router"}
     assert all(roles == {"admin"} for op, (roles, _) in ops.items()
-               if op not in (KeyTableOp, UsageReportOp))
+               if op not in (KeyTableOp, UsageReportOp, LeaseOp))

@@ -30,6 +30,9 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    LeaseOp,
+    LimitKind,
+    Unused,
     UsageOp,
     UsageReportOp,
 )
@@ -57,6 +60,7 @@ OPS: list[requests.Op] = [
     ApiKeyImportOp((ApiKeyCreateOp("b", "1" * 64),)), KeyTableOp("abc"),
     UsageReportOp("batch-0001", (UsageRow("k", "m", 3600, 200, 2, 6, 3, 1.5),)),
     UsageOp("k", "m", 3600.0),
+    LeaseOp("k", LimitKind.TPM, 50, (Unused("k", LimitKind.RPM, 3, 1),)),
 ]
 
 SAMPLES: list[messages.Message] = [

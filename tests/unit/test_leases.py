@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmgw.model.leases import Grant
 from llmgw.router.wallet import Wallet
 from llmgw.server.leases import LeaseBook
 
@@ -80,3 +81,22 @@ def test_bad_books_and_clamped_give_backs() -> None:
     book.give_back(g.id, 99, 1.0)  # more than granted: all of it, no more
     book.give_back(12345, 1, 1.0)  # unknown: nothing
     assert book.occupied(1.0) == 0 and book.grant("a", 9, 1.0) is not None
+
+
+def test_a_router_cannot_give_back_another_routers_lease() -> None:
+    book = LeaseBook(10, WINDOW, TTL)
+    g = book.grant("r1", 10, 0.0)
+    assert g is not None
+    book.give_back(g.id, 10, 1.0, router="r2")
+    assert book.occupied(1.0) == 10
+    book.give_back(g.id, 4, 1.0, router="r1")
+    assert book.occupied(1.0) == 6
+
+
+def test_a_refund_spread_over_leases_is_not_lost() -> None:
+    w = Wallet()
+    w.add(Grant(1, "r", 300, 0.0, 10.0))
+    w.add(Grant(2, "r", 300, 0.0, 10.0))
+    assert w.spend(300, 1.0) and w.spend(260, 1.0)  # 300 of the first, 260 of the second
+    w.refund(520, 1.0)  # the answers used 40 in all
+    assert w.available(1.0) == 560

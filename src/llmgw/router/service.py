@@ -33,6 +33,7 @@ from llmgw.router.http import ClientConn, H1Error, Request
 from llmgw.router.jsondepth import MAX_DEPTH, too_deep
 from llmgw.router.keytable import KeySource, KeyTable, poll_keys
 from llmgw.router.lag import LagMeter, watch_lag
+from llmgw.router.limits import Charge, LeaseAsk, Limiter, estimate
 from llmgw.router.load_report import LoadCounter, report_load
 from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -41,7 +42,7 @@ from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 from llmgw.router.usage import UsageMeter, UsageTap, with_usage
 from llmgw.router.usage_report import UsageSink, report_usage
-from llmgw.transport.apikey_ops import KeyTableOp, UsageReportOp
+from llmgw.transport.apikey_ops import KeyTableOp, LeaseOp, UsageReportOp
 from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
@@ -69,6 +70,8 @@ class Router:
         self.key_table = KeyTable()
         # Usage per key × model, metered while the server's keys are in use (issue 24).
         self.usage = UsageMeter()
+        # Per-key rpm, tpm, budgets (leases from the server) and concurrency (issue 24).
+        self.limiter = Limiter(None)
         self.metrics = RouterMetrics()
         self.lag = LagMeter()
         self.upstream = UpstreamPool(
@@ -296,6 +299,7 @@ class Router:
         metrics.in_flight += 1
         key: ApiKey | ApiKeyRecord | None = None
         tap: UsageTap | None = None
+        charge: Charge | None = None
         try:
             key = self._auth(req)
             if too_deep(req.body):
@@ -326,6 +330,8 @@ class Router:
                 if pool is None:
                     raise errors.unknown_model(m)
             model = m
+            if isinstance(key, ApiKeyRecord) and self.limiter.applies(key):
+                charge = await self.limiter.admit(key, estimate(body, len(req.body)))
             streaming = body.get("stream") is True
             send_body = None
             if self.key_table.in_use:
@@ -359,6 +365,9 @@ class Router:
             metrics.in_flight -= 1
             took = trio.current_time() - t0
             metrics.done(model, status, took)
+            if charge is not None:
+                self.limiter.settle(charge, tap.prompt + tap.completion
+                                    if tap is not None and tap.seen else None)
             if self.key_table.in_use:
                 self.usage.add(key.name if key is not None else "", model, status,
                                tap.prompt if tap is not None else 0,
@@ -461,10 +470,12 @@ async def serve_router(
     load_sink: LoadSink | None = None,
     key_source: KeySource | None = None,
     usage_sink: UsageSink | None = None,
+    lease_ask: LeaseAsk | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
     router = Router(config)
+    router.limiter.ask = lease_ask
     host, port = _split_bind(config.bind)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
@@ -539,5 +550,12 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
     async def usage_sink(op: UsageReportOp) -> object:
         return await usage(config.keys.secret_key, config.keys.server_key, op, timeout)
 
+    leases = LeaderClient(config.server, request)
+
+    async def lease_ask(op: LeaseOp) -> Mapping[str, Any] | None:
+        # Short: a request waits for it (router/limits.py gives up after 1 s anyway).
+        result = await leases(config.keys.secret_key, config.keys.server_key, op, 1.0)
+        return result if isinstance(result, Mapping) else None
+
     await serve_router(config, table_source=source, load_sink=sink, key_source=key_source,
-                       usage_sink=usage_sink)
+                       usage_sink=usage_sink, lease_ask=lease_ask)

@@ -36,12 +36,17 @@ class Wallet:
 
     def refund(self, units: int, now: float) -> None:
         """Units charged at admission and not used (the answer used fewer tokens than
-        estimated): back into the newest live lease, if any is still live."""
+        estimated): back into the live leases, newest first, none above what it was
+        granted (a charge spread over several leases goes back over several: into the
+        newest alone, all but its size was lost)."""
         for i in range(len(self._leases) - 1, -1, -1):
-            g, left = self._leases[i]
-            if now < g.ends:
-                self._leases[i] = (g, min(g.units, left + units))
+            if units <= 0:
                 return
+            g, left = self._leases[i]
+            if now < g.ends and left < g.units:
+                back = min(units, g.units - left)
+                self._leases[i] = (g, left + back)
+                units -= back
 
     def expired(self, now: float) -> list[tuple[int, int]]:
         """(grant id, units unused) of the leases that ended, removed from the wallet: what

@@ -21,6 +21,7 @@ from attrs import evolve
 from llmgw.logbound import clip
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.server.control import Peer, RequestError
+from llmgw.server.limits import LimitBooks
 from llmgw.server.store import StateStore, StoredEvent
 from llmgw.transport.apikey_ops import (
     MAX_KEYS,
@@ -30,6 +31,7 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    LeaseOp,
     UsageOp,
     UsageReportOp,
 )
@@ -68,6 +70,7 @@ class ApiKeys:
         self.batches_trimmed = 0.0  # when usage batch ids were last forgotten
         self.usage_batches = {"added": 0, "repeated": 0}  # batches from routers
         self.keys: dict[str, ApiKeyRecord] = store.api_keys()
+        self.limits = LimitBooks(lambda: self.keys)
         self._table: list[dict[str, Any]] = []
         self.version = ""
         self._rebuild()
@@ -83,6 +86,7 @@ class ApiKeys:
             KeyTableOp: (frozenset({"router", "admin"}), self.op_key_table),
             UsageReportOp: (frozenset({"router"}), self.op_usage_report),
             UsageOp: (admin, self.op_usage),
+            LeaseOp: (frozenset({"router"}), self.limits.op_lease),
         }
 
     def _rebuild(self) -> None:

@@ -54,11 +54,11 @@ class LeaseBook:
         self._grants[g.id] = g
         return g
 
-    def give_back(self, grant_id: int, unused: int, now: float) -> None:
+    def give_back(self, grant_id: int, unused: int, now: float, router: str | None = None) -> None:
         """The router did not use, and will not use, `unused` units of the grant (clamped:
-        a router cannot free more than it was given)."""
+        a router cannot free more than it was given; with `router`, nor another's)."""
         g = self._grants.get(grant_id)
-        if g is None or unused <= 0:
+        if g is None or unused <= 0 or (router is not None and g.router != router):
             return
         left = g.units - min(unused, g.units)
         if left:

@@ -8,6 +8,7 @@ state (a name in use, an unknown key, a date already past) is checked by the ser
 
 from __future__ import annotations
 
+import enum
 import re
 
 from attrs import field, frozen
@@ -38,6 +39,10 @@ def _sha256(_: object, __: object, value: str) -> None:
 def _limit(_: object, a: object, value: int | None) -> None:
     if value is not None and not 0 <= value <= MAX_LIMIT:
         raise ValueError(f"{getattr(a, 'name', 'limit')}: expected 0 to {MAX_LIMIT}, got {value}")
+
+
+def _count(_: object, a: object, value: int) -> None:
+    _limit(_, a, value)
 
 
 def _models(_: object, __: object, value: tuple[str, ...] | None) -> None:
@@ -160,6 +165,37 @@ class UsageOp:
     since: float = field(default=0.0, validator=_when)
 
 
+class LimitKind(enum.StrEnum):
+    RPM = "rpm"  # requests per minute
+    TPM = "tpm"  # tokens per minute
+    BUDGET = "budget"  # tokens per the key's budget period
+
+
+@frozen
+class Unused:
+    """Units of a lease a router did not use and will not (the lease ended)."""
+
+    key: str = field(validator=_name)
+    kind: LimitKind
+    grant_id: int = field(validator=_count)
+    units: int = field(validator=_count)
+
+
+def _bounded_unused(_: object, __: object, value: tuple[Unused, ...]) -> None:
+    if len(value) > MAX_IMPORT:
+        raise ValueError(f"at most {MAX_IMPORT} leases given back at once, got {len(value)}")
+
+
+@frozen
+class LeaseOp:
+    """A router asks for `want` units of a key's limit (0: only gives back `unused`)."""
+
+    key: str = field(validator=_name)
+    kind: LimitKind = LimitKind.RPM
+    want: int = field(default=0, validator=_limit)
+    unused: tuple[Unused, ...] = field(default=(), validator=_bounded_unused)
+
+
 # ---- results ----
 
 
@@ -185,3 +221,14 @@ class KeyTableResult:
     version: str
     keys: tuple[KeyEntry, ...] = ()
     unchanged: bool = False
+
+
+@frozen
+class LeaseResult:
+    """The answer to LeaseOp: `units` for `ttl` seconds from when the router asked (0: none
+    now; `retry_after` says when some are free again)."""
+
+    grant_id: int = 0
+    units: int = 0
+    ttl: float = 0.0
+    retry_after: float = 0.0

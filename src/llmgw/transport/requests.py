@@ -22,6 +22,7 @@ from llmgw.transport.apikey_ops import (
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
     KeyTableOp,
+    LeaseOp,
     UsageOp,
     UsageReportOp,
 )
@@ -158,6 +159,7 @@ Op = (
     | KeyTableOp
     | UsageReportOp
     | UsageOp
+    | LeaseOp
 )
 
 

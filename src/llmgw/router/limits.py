@@ -1,0 +1,230 @@
+"""Per-key limits at the router (issue 24): rpm, tpm and budgets spent from leases the
+server grants (router/wallet.py; the server's side is server/limits.py), and concurrent
+requests counted here.
+
+Admission costs no round trip while the router holds enough of a lease; when it runs low
+it asks for a slice (a twentieth of the limit, at least what the request needs), one ask
+per key and limit at a time (others wait for it, then look again). A refusal is kept for
+at most a second (the server's retry_after, capped): a client hammering a spent key costs
+the server one ask a second per router, not one per request.
+
+Tokens are charged at admission: the prompt's bytes / 4 plus `max_tokens` (or
+DEFAULT_MAX_TOKENS), and settled from the engine's usage: what was not used goes back
+into the wallet; what was used beyond the estimate is taken from the wallet as far as it
+holds (the estimate is the bound; a prompt with more tokens than bytes / 4 is the case it
+misses). A request whose estimate alone is over the key's tpm or budget is refused up
+front, not after.
+
+With the server unreachable the router spends the leases it holds, then for rates admits
+(logged once) and for budgets refuses (503): `on_server_loss` as the issue sets it by
+default (not yet a per-key setting). Concurrency is counted per router (not across
+routers: a key's `concurrency` holds on each router).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import trio
+from attrs import define, field
+
+from llmgw.errors import LlmgwError
+from llmgw.model.apikey import ApiKeyRecord
+from llmgw.model.leases import Grant
+from llmgw.router.errors import ApiError
+from llmgw.router.wallet import Wallet
+from llmgw.transport.apikey_ops import LeaseOp, LeaseResult, LimitKind, Unused
+from llmgw.transport.codec import structure_result
+
+log = logging.getLogger("llmgw.router.limits")
+
+LeaseAsk = Callable[[LeaseOp], Awaitable[Mapping[str, Any] | None]]
+DEFAULT_MAX_TOKENS = 256  # a request without max_tokens is charged this many
+SLICE = 20  # a lease is a twentieth of the limit (at least what the request needs)
+REFUSAL_KEPT = 1.0  # seconds a refusal of the server is believed without asking again
+LOST_FOR = 2.0  # seconds without asks after the server did not answer
+
+
+def estimate(body: Mapping[str, Any], body_bytes: int) -> int:
+    m = body.get("max_tokens", body.get("max_completion_tokens"))
+    out = m if type(m) is int and m >= 0 else DEFAULT_MAX_TOKENS
+    return body_bytes // 4 + out
+
+
+def rate_limited(key: str, what: str, limit: int, retry: float) -> ApiError:
+    secs = max(1, math.ceil(retry))
+    return ApiError(429, f"Rate limit reached for API key {key} on {what}: limit {limit}. "
+                    f"Please try again in {secs}s.", type_="tokens" if "token" in what else "requests",
+                    code="rate_limit_exceeded", retry_after=secs)
+
+
+def quota(key: str, detail: str, retry: float) -> ApiError:
+    return ApiError(429, f"You exceeded the token budget of API key {key}: {detail}.",
+                    type_="insufficient_quota", code="insufficient_quota",
+                    retry_after=max(1, math.ceil(retry)))
+
+
+@define
+class Charge:
+    key: ApiKeyRecord
+    tokens: int = 0  # charged to tpm and budget wallets
+    kinds: list[LimitKind] = field(factory=list)
+    running: bool = False
+
+
+@define
+class _Gate:
+    wallets: dict[LimitKind, Wallet] = field(factory=dict)
+    # Until when a refusal is believed, and when the server said units are free again.
+    refused_until: dict[LimitKind, tuple[float, float]] = field(factory=dict)
+    locks: dict[LimitKind, trio.Lock] = field(factory=dict)
+    running: int = 0
+
+
+class Limiter:
+    def __init__(self, ask: LeaseAsk | None) -> None:
+        self.ask = ask
+        self.gates: dict[str, _Gate] = {}  # per key name: keys of the table only, bounded
+        self.unused: list[Unused] = []  # lease units to give back on the next ask
+        self.lost_until = -math.inf
+        self.lost_admits = 0  # requests admitted on a rate limit the server could not lease
+        self._lost_logged = False
+
+    def applies(self, key: ApiKeyRecord) -> bool:
+        return bool(key.rpm or key.tpm or key.concurrency or key.budget)
+
+    async def admit(self, key: ApiKeyRecord, tokens: int) -> Charge:
+        """Admit one request charged `tokens`, or raise ApiError (429, or 503 for a budget
+        the server cannot be asked about)."""
+        gate = self.gates.get(key.name)
+        if gate is None:
+            gate = self.gates[key.name] = _Gate()
+        if key.tpm and tokens > key.tpm:
+            raise rate_limited(key.name, "tokens per minute (one request's estimate alone, "
+                               f"{tokens} tokens, is over it)", key.tpm, 60)
+        if key.budget and tokens > key.budget.tokens:
+            raise quota(key.name, f"one request's estimate ({tokens} tokens) is over the "
+                        f"whole budget of {key.budget.tokens}", key.budget.period)
+        if key.concurrency and gate.running >= key.concurrency:
+            raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+        charge = Charge(key, tokens)
+        try:
+            for kind, units, limit in ((LimitKind.RPM, 1, key.rpm), (LimitKind.TPM, tokens, key.tpm),
+                                       (LimitKind.BUDGET, tokens,
+                                        key.budget.tokens if key.budget else 0)):
+                if limit and units:
+                    if await self._spend(gate, key, kind, units, limit):
+                        charge.kinds.append(kind)
+        except ApiError:
+            self._rollback(gate, charge)
+            raise
+        if key.concurrency:
+            gate.running += 1
+            charge.running = True
+        return charge
+
+    async def _spend(self, gate: _Gate, key: ApiKeyRecord, kind: LimitKind, units: int,
+                     limit: int) -> bool:
+        """True when spent from a lease; False when admitted without one (server lost,
+        a rate); raises ApiError when refused."""
+        w = gate.wallets.get(kind)
+        if w is None:
+            w = gate.wallets[kind] = Wallet()
+        now = trio.current_time()
+        if w.spend(units, now):
+            return True
+        lock = gate.locks.get(kind)
+        if lock is None:
+            lock = gate.locks[kind] = trio.Lock()
+        async with lock:
+            now = trio.current_time()
+            if w.spend(units, now):  # another request's ask brought some
+                return True
+            until, free_at = gate.refused_until.get(kind, (0.0, 0.0))
+            if now < until:
+                raise self._refusal(key, kind, limit, free_at - now)
+            if self.ask is None or now < self.lost_until:
+                return self._lost(key, kind, limit)
+            self._give_back_expired(now)
+            want = max(units, math.ceil(limit / SLICE))
+            sent = now
+            try:
+                with trio.fail_after(1.0):
+                    raw = await self.ask(LeaseOp(key.name, kind, want, tuple(self.unused)))
+                self.unused = []
+                got = structure_result(raw or {}, LeaseResult)
+            except (LlmgwError, trio.TooSlowError, OSError) as exc:
+                if not self._lost_logged:
+                    log.warning("cannot ask the server for leases (%s): rate limits admit, "
+                                "budgets refuse, until it answers", exc)
+                    self._lost_logged = True
+                self.lost_until = trio.current_time() + LOST_FOR
+                return self._lost(key, kind, limit)
+            if self._lost_logged:
+                log.info("the server grants leases again")
+                self._lost_logged = False
+            if got.units <= 0:
+                gate.refused_until[kind] = (sent + min(got.retry_after, REFUSAL_KEPT),
+                                            sent + got.retry_after)
+                raise self._refusal(key, kind, limit, got.retry_after)
+            w.add(Grant(got.grant_id, "", got.units, sent, sent + got.ttl))
+            if w.spend(units, trio.current_time()):
+                return True
+            raise self._refusal(key, kind, limit, 1.0)  # fewer than the request needs
+
+    def _refusal(self, key: ApiKeyRecord, kind: LimitKind, limit: int, retry: float) -> ApiError:
+        if kind is LimitKind.BUDGET:
+            return quota(key.name, f"{limit} tokens per budget period", retry)
+        what = "requests per minute" if kind is LimitKind.RPM else "tokens per minute"
+        return rate_limited(key.name, what, limit, retry)
+
+    def _lost(self, key: ApiKeyRecord, kind: LimitKind, limit: int) -> bool:
+        if kind is LimitKind.BUDGET:
+            raise ApiError(503, f"The token budget of API key {key.name} cannot be checked "
+                           "while the control plane is unreachable; try again shortly.",
+                           type_="server_error", code="budget_unavailable", retry_after=5)
+        self.lost_admits += 1
+        return False
+
+    def settle(self, charge: Charge, used_tokens: int | None) -> None:
+        """The request ended: its concurrency slot back, its token charge settled against
+        `used_tokens` (None: unknown, the charge stands)."""
+        gate = self.gates.get(charge.key.name)
+        if gate is None:
+            return
+        if charge.running:
+            gate.running -= 1
+            charge.running = False
+        if used_tokens is None:
+            return
+        now = trio.current_time()
+        for kind in charge.kinds:
+            w = gate.wallets.get(kind)
+            if w is None:
+                continue
+            if kind is LimitKind.RPM:
+                continue
+            if used_tokens < charge.tokens:
+                w.refund(charge.tokens - used_tokens, now)
+            elif used_tokens > charge.tokens:
+                w.spend(min(used_tokens - charge.tokens, w.available(now)), now)
+
+    def _rollback(self, gate: _Gate, charge: Charge) -> None:
+        """A request refused by a later limit: what the earlier ones took goes back."""
+        now = trio.current_time()
+        for kind in charge.kinds:
+            w = gate.wallets.get(kind)
+            if w is not None:
+                w.refund(1 if kind is LimitKind.RPM else charge.tokens, now)
+        charge.kinds = []
+
+    def _give_back_expired(self, now: float) -> None:
+        for name, gate in self.gates.items():
+            for kind, w in gate.wallets.items():
+                for gid, left in w.expired(now):
+                    if gid and left:
+                        self.unused.append(Unused(name, kind, gid, left))
+        del self.unused[4000:]  # bounded; what is not given back frees at its lease's end
