@@ -2,12 +2,16 @@
 
 ready --(silent for suspect_after)--> suspect --(silent for lost_after)--> lost
 any --(authenticated message)--> ready
+
+The same API as the engine and replica tables: TRANSITIONS, next_state, one typed error.
+The table is total (every pair is listed), so the error is only ever a bug of ours.
 """
 
 from __future__ import annotations
 
 import enum
 
+from llmgw.errors import LlmgwError
 from llmgw.model.node import NodeState
 
 
@@ -17,7 +21,16 @@ class NodeEvent(enum.StrEnum):
     GONE = "gone"  # silent past the grace period
 
 
-_TABLE: dict[tuple[NodeState, NodeEvent], NodeState] = {
+class InvalidNodeTransition(LlmgwError):
+    """An event that cannot happen in the node's current state: a bug of ours."""
+
+    def __init__(self, state: NodeState, event: NodeEvent) -> None:
+        self.state = state
+        self.event = event
+        super().__init__(f"node event {event.value!r} is not valid in state {state.value!r}")
+
+
+TRANSITIONS: dict[tuple[NodeState, NodeEvent], NodeState] = {
     (NodeState.READY, NodeEvent.HEARD): NodeState.READY,
     (NodeState.SUSPECT, NodeEvent.HEARD): NodeState.READY,
     (NodeState.LOST, NodeEvent.HEARD): NodeState.READY,
@@ -31,7 +44,10 @@ _TABLE: dict[tuple[NodeState, NodeEvent], NodeState] = {
 
 
 def next_state(state: NodeState, event: NodeEvent) -> NodeState:
-    return _TABLE[(state, event)]
+    try:
+        return TRANSITIONS[state, event]
+    except KeyError:
+        raise InvalidNodeTransition(state, event) from None
 
 
 def silence_event(silent_for: float, suspect_after: float, lost_after: float) -> NodeEvent | None:

@@ -47,6 +47,7 @@ from llmgw.server.reconcile import (
     desired_sets,
     reconcile_dirty,
 )
+from llmgw.server.replica_states import ROUTABLE
 from llmgw.server.status import (
     deployment_rows,
     describe_deployment,
@@ -644,8 +645,7 @@ class Orchestrator:
     def _endpoint_rows(self) -> dict[str, list[dict[str, Any]]]:
         table: dict[str, list[dict[str, Any]]] = {}
         for r in sorted(self.replicas.values(), key=lambda r: r.id):
-            if not r.endpoint or r.state not in (ReplicaState.READY, ReplicaState.UNHEALTHY,
-                                                 ReplicaState.HELD):
+            if not r.endpoint or r.state not in ROUTABLE:
                 continue
             head = self.cp.nodes.get(r.members[0].node_id)
             if head is None or head.state == NodeState.LOST and r.state != ReplicaState.HELD:

@@ -5,9 +5,9 @@ it did not start. Every engine record carries the deployment it was made from
 (EngineSpec.origin) and the id of the state that issued it (EngineSpec.issuer), and each
 Hello sends them back. An engine the server does not know that another state issued, or
 whose generation is above this state's floor (a copy restored from before it), cannot have
-been stopped on purpose by this state, so it is adopted:
-its replica is rebuilt as placed where it runs, and its deployment from the origin when
-the server has none by that name. Pure: data in, data out.
+been stopped on purpose by this state, so it is adopted: its replica is born placed where
+it runs (the lifecycle's ADOPTED birth), and its deployment from the origin when the
+server has none by that name. Pure: data in, data out.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from attrs import evolve, frozen
 
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError
-from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
+from llmgw.model.deployment import Deployment, Member, Replica
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
+
+from .replica_states import ReplicaEvent, next_state
 
 
 @frozen
@@ -97,7 +99,8 @@ def rebuild(
         reps[rid] = Replica(
             id=rid, deployment=name, index=index, spec=origin, generation=gen,
             members=tuple(_member(n, s, addrs.get(n, "")) for n, s in ms),
-            state=ReplicaState.STARTING, reason="adopted: rebuilt from the engine it runs",
+            state=next_state(None, ReplicaEvent.ADOPTED),
+            reason="adopted: rebuilt from the engine it runs",
             placed_at=now,
         )
         adopted.append(rid)

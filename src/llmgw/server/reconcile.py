@@ -57,7 +57,7 @@ from llmgw.model.preflight import failure as preflight_failure
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
 from .reconcile_state import NodeDelta, ReconcileState
-from .replica_states import ReplicaEvent
+from .replica_states import BACKING_OFF, ENGINE_FAILED, ReplicaEvent, engines_event
 from .rollout import roll_deployment
 
 DEFAULT_SETTINGS = ReconcileSettings()
@@ -179,7 +179,7 @@ _ROUNDS = 3  # observe-and-roll rounds in one pass, while the rollout frees room
 
 
 def _waits_for_room(r: Replica | None) -> bool:
-    return r is not None and not r.placed and r.state not in (S.BACKOFF, S.CRASH_LOOPING)
+    return r is not None and not r.placed and r.state not in BACKING_OFF
 
 
 def _next_wake(state: ReconcileState, holding: str, now: float, s: ReconcileSettings) -> float | None:
@@ -228,7 +228,7 @@ def _mass_loss(state: ReconcileState, now: float, s: ReconcileSettings) -> str:
 def _observe(p: Pass, r: Replica, holding: str) -> None:
     """Update one replica from its nodes and engine reports."""
     s = p.settings
-    if r.state in (S.BACKOFF, S.CRASH_LOOPING):
+    if r.state in BACKING_OFF:
         if p.now < r.backoff_until:
             return
         p.event(r, f"restarting after backoff (failure {r.restarts})")
@@ -261,19 +261,40 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
             states.append(None)  # suspect: no news is not bad news
             continue
         rep = p.state.report(m.node_id, r.id, r.generation)
-        if rep is not None and rep.state in (EngineState.EXITED, EngineState.FAILED):
+        if rep is not None and rep.state in ENGINE_FAILED:
             failed = failed or rep
         states.append(rep.state if rep else EngineState.STARTING)
-    if failed is not None and failed.conflict_port:
+    event = engines_event(r.state, states)
+    if event == E.FAILED and failed is not None:
+        _failed(p, r, failed)
+        return
+    if event == E.ENGINES_READY:
+        if r.state != S.READY:
+            p.event(r, "ready")
+            r = p.to(r, E.ENGINES_READY, ready_since=p.now, reason="")
+        if r.restarts and p.now - r.ready_since >= s.stable_after:
+            p.put(evolve(r, restarts=0))
+    elif event == E.NODE_BACK:
+        p.to(r, E.NODE_BACK, reason="")
+    elif event is not None:
+        p.to(r, event)
+    # None: some members' nodes are suspect: no news, no change.
+
+
+def _failed(p: Pass, r: Replica, rep: EngineReport) -> None:
+    """A member's engine ended badly (`rep`, the first such report): count it and back off,
+    or place again at once when the engine is not to blame."""
+    s = p.settings
+    if rep.conflict_port:
         # Not the engine's fault: another process holds its port. Placed again at once,
         # with no backoff and no restart counted; placement avoids the node's blocked ports.
         node_id = next(m.node_id for m in r.members
-                       if p.state.report(m.node_id, r.id, r.generation) is failed)
-        p.event(r, f"port {failed.conflict_port} on {node_id} is taken ({failed.reason}): placing again")
+                       if p.state.report(m.node_id, r.id, r.generation) is rep)
+        p.event(r, f"port {rep.conflict_port} on {node_id} is taken ({rep.reason}): placing again")
         p.place(p.unplace(r))
         return
-    if failed is not None and r.spec.nodes > 1 and r.restarts + 1 < s.crashloop_after:
-        why = preflight_failure(failed.exit_code, failed.log_tail)
+    if r.spec.nodes > 1 and r.restarts + 1 < s.crashloop_after:
+        why = preflight_failure(rep.exit_code, rep.log_tail)
         if why:
             # The gang's collective check failed: the nodes or the links between them,
             # not the engine. Counted as a failure, but placed again at once, away from
@@ -282,43 +303,26 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
             p.event(r, f"pre-flight failed on {', '.join(nodes)} (fabric {r.fabric or '-'}): {why}; "
                        f"avoiding them for {AVOID_SECONDS:g}s, placing again")
             p.avoid(nodes, AVOID_SECONDS)
-            r = p.put(evolve(r, restarts=r.restarts + 1, last_log_tail=failed.log_tail,
+            r = p.put(evolve(r, restarts=r.restarts + 1, last_log_tail=rep.log_tail,
                              ready_since=0.0))
             p.place(p.unplace(r))
             return
-    if failed is not None:
-        n = r.restarts + 1
-        delay = exponential(n - 1, s.backoff_base, s.backoff_cap)
-        why = failed.reason or (
-            f"exit code {failed.exit_code}" if failed.exit_code is not None else str(failed.state)
-        )
-        p.event(r, f"{failed.state}: {why}; restart {n} in {delay:g}s")
-        r = p.to(
-            r,
-            E.CRASH_LOOP if n >= s.crashloop_after else E.FAILED,
-            restarts=n,
-            backoff_until=p.now + delay,
-            last_log_tail=failed.log_tail or r.last_log_tail,
-            reason=why,
-            ready_since=0.0,
-        )
-        if r.spec.nodes > 1:
-            p.release(r)  # a gang stops whole, and is placed afresh
-        return
-    known = [st for st in states if st is not None]
-    if known and len(known) == len(states) and all(st == EngineState.READY for st in known):
-        if r.state != S.READY:
-            p.event(r, "ready")
-            r = p.to(r, E.ENGINES_READY, ready_since=p.now, reason="")
-        if r.restarts and p.now - r.ready_since >= s.stable_after:
-            p.put(evolve(r, restarts=0))
-    elif any(st == EngineState.UNHEALTHY for st in known):
-        p.to(r, E.ENGINE_UNHEALTHY)
-    elif len(known) == len(states):
-        p.to(r, E.ENGINES_STARTING)
-    elif r.state == S.HELD:
-        p.to(r, E.NODE_BACK, reason="")
-    # Otherwise some members' nodes are suspect: no news, no change.
+    n = r.restarts + 1
+    delay = exponential(n - 1, s.backoff_base, s.backoff_cap)
+    why = rep.reason or (
+        f"exit code {rep.exit_code}" if rep.exit_code is not None else str(rep.state))
+    p.event(r, f"{rep.state}: {why}; restart {n} in {delay:g}s")
+    r = p.to(
+        r,
+        E.CRASH_LOOP if n >= s.crashloop_after else E.FAILED,
+        restarts=n,
+        backoff_until=p.now + delay,
+        last_log_tail=rep.log_tail or r.last_log_tail,
+        reason=why,
+        ready_since=0.0,
+    )
+    if r.spec.nodes > 1:
+        p.release(r)  # a gang stops whole, and is placed afresh
 
 
 def desired_sets(

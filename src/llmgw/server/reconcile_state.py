@@ -29,6 +29,7 @@ from llmgw.model.node import NodeState
 from .cluster_view import ClusterView, NodeView
 from .drain import DEFAULT_GRACE
 from .placement import Unschedulable
+from .replica_states import BACKING_OFF
 
 S = ReplicaState
 
@@ -234,7 +235,7 @@ class ReconcileState:
             # A gang waiting while nodes are avoided: looked at again when the first may
             # be tried again, though nothing else changes.
             self.timed[rid] = min(self.avoid.values())
-        elif new.state in (S.BACKOFF, S.CRASH_LOOPING):
+        elif new.state in BACKING_OFF:
             self.timed[rid] = new.backoff_until
         elif new.state == S.READY and new.restarts:
             self.timed[rid] = new.ready_since + self.stable_after

@@ -3,17 +3,22 @@ engine_states.py).
 
 `next_state(state, event)` is the only place a replica's state changes; reconcile and the
 per-deployment steps turn what they observe (placements, engine reports, node states,
-timers) into events. Counting restarts and backoff times stays with them: CRASH_LOOP means
-"failed again, past the crash-loop threshold", not one failure. Any pair not in the table
-is a bug and raises InvalidReplicaTransition.
+timers) into events, the members' engine states through `engines_event`. Counting
+restarts and backoff times stays with them: CRASH_LOOP means "failed again, past the
+crash-loop threshold", not one failure. `state` None is a replica not yet known: births
+are the table's pairs from None (a replica the rollout makes is born PENDING, the
+model's default). Any pair not in the table is a bug and raises InvalidReplicaTransition.
+The same API as the engine and node tables: TRANSITIONS, next_state, one typed error.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from llmgw.errors import LlmgwError
 from llmgw.model.deployment import ReplicaState
+from llmgw.model.engine import EngineState
 
 
 class ReplicaEvent(enum.StrEnum):
@@ -31,15 +36,19 @@ class ReplicaEvent(enum.StrEnum):
     # A stop that is no failure (scale-down, delete, replaced, rollout): a serving replica
     # drains first (DRAINS_FIRST); again while draining only gives a new reason.
     RETIRE = "retire"
+    # Birth of a replica rebuilt from the engines it runs (a server that lost its store):
+    # placed already, its engines' reports decide the rest.
+    ADOPTED = "adopted"
 
 
 class InvalidReplicaTransition(LlmgwError):
     """An event that cannot happen in the replica's current state: a bug of ours."""
 
-    def __init__(self, state: ReplicaState, event: ReplicaEvent) -> None:
+    def __init__(self, state: ReplicaState | None, event: ReplicaEvent) -> None:
         self.state = state
         self.event = event
-        super().__init__(f"replica event {event.value!r} is not valid in state {state.value!r}")
+        where = state.value if state is not None else "not yet known"
+        super().__init__(f"replica event {event.value!r} is not valid in state {where!r}")
 
 
 S = ReplicaState
@@ -48,7 +57,8 @@ E = ReplicaEvent
 _PLACED_STATES = (S.STARTING, S.READY, S.UNHEALTHY, S.HELD)  # on nodes, engines wanted
 _ANY = tuple(S)
 
-TRANSITIONS: dict[tuple[ReplicaState, ReplicaEvent], ReplicaState] = {
+TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState] = {
+    (None, E.ADOPTED): S.STARTING,
     (S.PENDING, E.PLACED): S.STARTING,
     (S.PENDING, E.NO_ROOM): S.PENDING,
     **{(s, E.UNPLACED): S.PENDING for s in _ANY},
@@ -74,15 +84,45 @@ WANTS_ENGINES = frozenset({*_PLACED_STATES, S.DRAINING})
 NOT_SERVING = frozenset({S.PENDING, S.STARTING, S.UNHEALTHY, S.BACKOFF, S.CRASH_LOOPING, S.HELD})
 # States a stop that is no failure drains first (RETIRE is valid in them); any other
 # state serves nothing a router would send it, so such a stop is immediate.
-DRAINS_FIRST = frozenset(s for (s, e) in TRANSITIONS if e == E.RETIRE)
+DRAINS_FIRST = frozenset(s for (s, e) in TRANSITIONS if s is not None and e == E.RETIRE)
+# Backing off: placed or not, no engines wanted until backoff_until, when RESTART is due.
+BACKING_OFF = frozenset({S.BACKOFF, S.CRASH_LOOPING})
+# In the routers' endpoint tables: READY is served; UNHEALTHY and HELD stay listed, the
+# router judging by whether the engine answers (a held replica's node may come back).
+ROUTABLE = frozenset({S.READY, S.UNHEALTHY, S.HELD})
+# A member's engine in one of these has ended badly: the replica has FAILED.
+ENGINE_FAILED = frozenset({EngineState.EXITED, EngineState.FAILED})
 
 
 def drains_first(state: ReplicaState) -> bool:
     return state in DRAINS_FIRST
 
 
-def next_state(state: ReplicaState, event: ReplicaEvent) -> ReplicaState:
+def next_state(state: ReplicaState | None, event: ReplicaEvent) -> ReplicaState:
     try:
         return TRANSITIONS[state, event]
     except KeyError:
         raise InvalidReplicaTransition(state, event) from None
+
+
+def engines_event(state: ReplicaState, members: Sequence[EngineState | None]) -> ReplicaEvent | None:
+    """What a placed replica's member engines amount to, one entry per member in rank
+    order: its engine's reported state (STARTING where it has not reported yet), None
+    where the member's node is suspect (no news is not bad news). None: no event.
+
+    FAILED (how the failure is counted, CRASH_LOOP or FAILED, is the caller's), else
+    ENGINES_READY when every member is heard and ready, ENGINE_UNHEALTHY when one heard is
+    unhealthy, ENGINES_STARTING when every member is heard, NODE_BACK for a held replica
+    with a member still unheard."""
+    known = [st for st in members if st is not None]
+    if any(st in ENGINE_FAILED for st in known):
+        return E.FAILED
+    if known and len(known) == len(members) and all(st == EngineState.READY for st in known):
+        return E.ENGINES_READY
+    if any(st == EngineState.UNHEALTHY for st in known):
+        return E.ENGINE_UNHEALTHY
+    if len(known) == len(members):
+        return E.ENGINES_STARTING
+    if state == S.HELD:
+        return E.NODE_BACK
+    return None

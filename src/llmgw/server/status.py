@@ -9,6 +9,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.fabrics import fabric_view, islands, member_nics
+from llmgw.server.replica_states import BACKING_OFF
 
 if TYPE_CHECKING:
     from llmgw.server.control import ControlPlane, Node
@@ -111,7 +112,7 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
         "restarts": r.restarts,
         "reason": r.reason,
     }
-    if r.state in (ReplicaState.BACKOFF, ReplicaState.CRASH_LOOPING):
+    if r.state in BACKING_OFF:
         row["backoff_until"] = r.backoff_until
         row["last_log_tail"] = list(r.last_log_tail)
     elif r.state == ReplicaState.DRAINING:
