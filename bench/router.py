@@ -13,6 +13,13 @@ line otherwise.
 
     .venv/bin/python bench/router.py --burst 5000 [--replicas 4] [--tokens 32]
 
+    .venv/bin/python bench/router.py --keys [--seconds 3] [--repeat 5]
+
+Keys mode (issue 24): two routers, keys off and keys on (a key table with one key, rpm
+and tpm limits spent from leases an in-process LimitBooks grants, usage metered and
+sent to a sink that drops it), measured interleaved cell by cell; every request carries
+the key (ignored where keys are off). Prints each cell and the CPU ratio on/off.
+
 Burst mode (issue 20): N keep-alive connections opened first, then one streamed chat sent
 on each at the same moment. Prints completed streams, clean refusals (503/429, with
 Retry-After), errors by kind, time to first byte p50/p99 (from the common send), and the
@@ -37,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.lowlevel
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = 32
@@ -107,7 +115,36 @@ def run_stub(port: int) -> None:
 # ---- the router under test, as its own process ----------------------------------------
 
 
-def run_router(port: int, urls: list[str]) -> None:
+SECRET = "llmgw-" + "b" * 43  # the bench's API key (keys mode)
+AUTH = b""  # the Authorization header line every request carries (keys mode)
+
+
+def key_sources() -> dict[str, Any]:
+    """A key table, leases and a usage sink for a router with keys on, in its process."""
+    from llmgw.model.apikey import ApiKeyRecord, hash_secret
+    from llmgw.server.control import Peer
+    from llmgw.server.limits import LimitBooks
+
+    table = {"version": "v1", "keys": [{"name": "bench", "sha256": hash_secret(SECRET),
+                                        "rpm": 10**9, "tpm": 10**12}]}
+    rec = ApiKeyRecord("bench", hash_secret(SECRET), "", rpm=10**9, tpm=10**12)
+    books = LimitBooks(lambda: {"bench": rec})
+    peer = Peer(b"", "router", "bench")
+
+    async def key_source(since: str) -> dict[str, Any]:
+        return {"version": "v1", "unchanged": True} if since == "v1" else table
+
+    async def lease_ask(op: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        return books.op_lease(peer, op, trio.current_time())
+
+    async def usage_sink(op: Any) -> None:
+        await trio.lowlevel.checkpoint()
+
+    return {"key_source": key_source, "lease_ask": lease_ask, "usage_sink": usage_sink}
+
+
+def run_router(port: int, urls: list[str], keys: bool = False) -> None:
     import logging
 
     from llmgw.config.router import RouterConfig, RouterKeysConfig
@@ -129,7 +166,8 @@ def run_router(port: int, urls: list[str]) -> None:
     async def source(since: int) -> dict[str, Any]:
         return snap
 
-    trio.run(lambda: serve_router(cfg, table_source=source))
+    extra = key_sources() if keys else {}
+    trio.run(lambda: serve_router(cfg, table_source=source, **extra))
 
 
 # ---- load generator --------------------------------------------------------------------
@@ -146,7 +184,7 @@ def request_bytes(stream: bool) -> bytes:
     ).encode()
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        b"%scontent-length: %d\r\n\r\n%s" % (AUTH, len(body), body)
     )
 
 
@@ -441,6 +479,36 @@ def run_burst(a: argparse.Namespace) -> None:
             stop(p)
 
 
+def run_keys(a: argparse.Namespace) -> None:
+    global AUTH
+    AUTH = b"authorization: Bearer %s\r\n" % SECRET.encode()
+    engines, eports = start_engines(a.engine)
+    urls = [f"http://127.0.0.1:{p}" for p in eports]
+    off_port, on_port = free_port(), free_port()
+    off = spawn([sys.executable, __file__, "--router", str(off_port), *urls])
+    on = spawn([sys.executable, __file__, "--keys-router", str(on_port), *urls])
+    try:
+        wait_port(off_port)
+        wait_port(on_port)
+        reps = f", median of {a.repeat}, interleaved" if a.repeat > 1 else ""
+        print(f"keys off vs on; engine: {a.engine} x2, {a.seconds:g}s per cell{reps}")
+        print(f"{'mode':<8}{'conc':>5}{'off req/s':>11}{'on req/s':>10}{'off cpu ms':>12}"
+              f"{'on cpu ms':>11}{'on/off':>8}")
+        for stream in (False, True):
+            for conc in (1, 64):
+                runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+                for _ in range(a.repeat):
+                    runs["off"].append(measure(off_port, stream, conc, a.seconds, off.pid))
+                    runs["on"].append(measure(on_port, stream, conc, a.seconds, on.pid))
+                r0, r1 = median_of(runs["off"]), median_of(runs["on"])
+                print(f"{'stream' if stream else 'plain':<8}{conc:>5}{r0['rps']:>11.0f}{r1['rps']:>10.0f}"
+                      f"{r0['cpu_per_req']:>12.3f}{r1['cpu_per_req']:>11.3f}"
+                      f"{r1['cpu_per_req'] / r0['cpu_per_req']:>8.2f}")
+    finally:
+        for p in [off, on, *engines]:
+            stop(p)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine", choices=["sim", "stub"], default="sim")
@@ -451,6 +519,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="burst mode: events per stream")
     ap.add_argument("--tokens-per-second", type=int, default=100, help="burst mode: engine pace")
     ap.add_argument("--src", help="run the router from this source tree (before/after figures)")
+    ap.add_argument("--keys", action="store_true", help="keys mode: keys, usage and limits on vs off")
+    ap.add_argument("--keys-router", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--stub-engine", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--router", type=int, help=argparse.SUPPRESS)
     ap.add_argument("urls", nargs="*", help=argparse.SUPPRESS)
@@ -459,6 +529,10 @@ def main() -> None:
         return run_stub(a.stub_engine)
     if a.router:
         return run_router(a.router, a.urls)
+    if a.keys_router:
+        return run_router(a.keys_router, a.urls, keys=True)
+    if a.keys:
+        return run_keys(a)
     if a.src:
         global SRC
         SRC = Path(a.src).resolve()

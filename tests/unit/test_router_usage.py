@@ -123,3 +123,17 @@ def test_ctl_usage_table_and_csv() -> None:
     assert ctl_usage.render(args, rows).splitlines()[1] == "3600,k,m,200,2,6,3,1.0"
     args.output = "table"
     assert ctl_usage.render(args, rows).splitlines()[1].split() == ["k", "m", "3", "1", "6", "3", "333ms"]
+
+
+def test_usage_body() -> None:
+    from llmgw.router.usage import usage_body
+
+    raw = b' {"model": "m", "stream": true}'
+    out = usage_body(json.loads(raw), raw)
+    assert out is not None and json.loads(out) == {"model": "m", "stream": True,
+                                                   "stream_options": {"include_usage": True}}
+    other = {"model": "m", "stream": True, "stream_options": {"include_usage": False}}
+    out = usage_body(other, json.dumps(other).encode())
+    assert out is not None and json.loads(out)["stream_options"] == {"include_usage": True}
+    asked = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+    assert usage_body(asked, json.dumps(asked).encode()) is None

@@ -40,7 +40,7 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
-from llmgw.router.usage import UsageMeter, UsageTap, with_usage
+from llmgw.router.usage import UsageMeter, UsageTap, usage_body
 from llmgw.router.usage_report import UsageSink, report_usage
 from llmgw.transport.apikey_ops import KeyTableOp, LeaseOp, UsageReportOp
 from llmgw.transport.follow import LeaderClient
@@ -335,12 +335,8 @@ class Router:
             streaming = body.get("stream") is True
             send_body = None
             if self.key_table.in_use:
-                strip = False
-                if streaming:
-                    asked, strip = with_usage(body)
-                    if strip:
-                        send_body = json.dumps(asked).encode()
-                tap = UsageTap(stream=streaming, strip=strip)
+                send_body = usage_body(body, req.body) if streaming else None
+                tap = UsageTap(stream=streaming, strip=send_body is not None)
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
             gate = self.gates.get(m)
             if gate is None:

@@ -24,15 +24,17 @@ import json
 import re
 from typing import Any
 
-from attrs import evolve
-
-from llmgw.model.usage import UsageRow, hour_of
+from llmgw.model.usage import HOUR, UsageRow
 
 TAIL = 4096  # bytes of a plain answer kept to find its usage in
 HOLD_MAX = 65536  # a stream's chunk larger than this is not held whole
 MAX_ROWS = 4000  # rows per batch (a message's lists hold at most 4096 items)
 _USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*\})')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# Counts in a plain answer's usage object, read without parsing the JSON (this runs on
+# every metered answer): digits only, so a negative or fractional count is not read.
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})\s*[,}]')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})\s*[,}]')
 
 
 def _tokens(obj: Any) -> tuple[int, int] | None:
@@ -70,6 +72,12 @@ class UsageTap:
         return self._chunks(data)
 
     def _chunks(self, data: bytes) -> bytes:
+        if not self._held and not self._pass and data.endswith(b"\n\n\r\n") \
+                and b'"usage"' not in data:
+            # Whole events and none with usage (most reads): on as they are. An event is
+            # `data: <JSON>\n\n` and JSON holds no raw line break, so this end is a
+            # chunk's end.
+            return data
         out = bytearray()
         if self._pass:
             take = min(self._pass, len(data))
@@ -125,15 +133,14 @@ class UsageTap:
         if self.stream and self.chunked:
             return
         tail = self._tail
-        found = list(_USAGE.finditer(tail))
-        if not found:
+        at = tail.rfind(b'"usage"')  # the last one: a prompt may mention "usage" too
+        m = _USAGE.match(tail, at) if at >= 0 else None
+        if m is None:
             return
-        try:
-            got = _tokens(json.loads(found[-1].group(1)))
-        except ValueError:
-            return
-        if got is not None:
-            self.prompt, self.completion = got
+        obj = m.group(1)
+        p, c = _PROMPT.search(obj), _COMPLETION.search(obj)
+        if p is not None:  # prompt_tokens is always there; an embedding has no completion
+            self.prompt, self.completion = int(p.group(1)), int(c.group(1)) if c else 0
             self.seen = True
 
 
@@ -148,22 +155,41 @@ def with_usage(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     return {**body, "stream_options": opts}, True
 
 
+_ASK = b'{"stream_options":{"include_usage":true},'
+
+
+def usage_body(body: dict[str, Any], raw: bytes) -> bytes | None:
+    """The bytes to send the engine for a metered stream, or None to send the client's
+    (it asked for usage itself). Without stream_options the key is spliced in after the
+    object's `{` (the body parsed as an object with at least `model` in it); with other
+    stream_options it is written again."""
+    asked, strip = with_usage(body)
+    if not strip:
+        return None
+    if "stream_options" not in body:
+        start = raw.find(b"{")
+        return _ASK + raw[start + 1:]
+    return json.dumps(asked).encode()
+
+
 class UsageMeter:
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str, int, int], UsageRow] = {}
+        # Per group: [requests, prompt, completion, latency], made rows when sealed (a
+        # list added to in place: this runs once per request).
+        self.rows: dict[tuple[str, str, int, int], list[float]] = {}
         self.sealed: tuple[str, tuple[UsageRow, ...]] | None = None  # sent, not acked
 
     def add(self, key: str, model: str, status: int, prompt: int, completion: int,
             latency: float, now: float) -> None:
-        g = (key, model, hour_of(now), status)
+        g = (key, model, int(now // HOUR * HOUR), status)
         have = self.rows.get(g)
         if have is None:
-            self.rows[g] = UsageRow(key, model, g[2], status, 1, prompt, completion, latency)
+            self.rows[g] = [1, prompt, completion, latency]
         else:
-            self.rows[g] = evolve(have, requests=have.requests + 1,
-                                  prompt_tokens=have.prompt_tokens + prompt,
-                                  completion_tokens=have.completion_tokens + completion,
-                                  latency_sum=have.latency_sum + latency)
+            have[0] += 1
+            have[1] += prompt
+            have[2] += completion
+            have[3] += latency
 
     def batch(self, new_id: str) -> tuple[str, tuple[UsageRow, ...]] | None:
         """The batch to send now: the unacknowledged one again, else what was counted
@@ -173,7 +199,11 @@ class UsageMeter:
         if not self.rows:
             return None
         groups = sorted(self.rows)[:MAX_ROWS]
-        self.sealed = (new_id, tuple(self.rows.pop(g) for g in groups))
+        rows = []
+        for g in groups:
+            n, p, c, lat = self.rows.pop(g)
+            rows.append(UsageRow(g[0], g[1], g[2], g[3], int(n), int(p), int(c), lat))
+        self.sealed = (new_id, tuple(rows))
         return self.sealed
 
     def acked(self, batch_id: str) -> None:
@@ -183,5 +213,5 @@ class UsageMeter:
     @property
     def unsent(self) -> int:
         """Requests counted and not yet acknowledged."""
-        n = sum(r.requests for r in self.rows.values())
+        n = int(sum(r[0] for r in self.rows.values()))
         return n + (sum(r.requests for r in self.sealed[1]) if self.sealed else 0)
