@@ -42,6 +42,24 @@ def test_released_when_no_session_process_and_memory_back() -> None:
     assert still_held(evolve(idle, free=idle.total - SLACK_MIB), SESSION) is None
 
 
+def test_back_once_as_free_as_before_the_spawn() -> None:
+    """A board whose idle reservation is above the slack (the real-engine tier's fake L40S
+    shows 1068 MiB used with nothing on it) was never released by the total alone; the
+    free memory read before the spawn says what "back" is."""
+    g = gpu("GPU-a", 3, free=80 * GIB - 1500)
+    assert isinstance(still_held(g, SESSION), str)
+    assert still_held(g, SESSION, free_before=80 * GIB - 1500) is None
+    assert release_reasons(("GPU-a",), SESSION, {"GPU-a": g}, replica_id="r1", elapsed=5.0,
+                           timeout=120.0, states={}, free_before={"GPU-a": 80 * GIB - 1500}) == {}
+    # Still far from it: not back, and the reason counts from the baseline.
+    low = evolve(g, free=50 * GIB)
+    assert still_held(low, SESSION, free_before=80 * GIB - 1500) == \
+        "29 GiB not back yet with no process listed"  # 80 GiB - 1500 MiB - 50 GiB
+    # A foreign process that took memory since the spawn: the board less it is enough.
+    taken = gpu("GPU-a", 3, free=40 * GIB, processes=(GpuProcess(999, "python train.py", 40 * GIB),))
+    assert still_held(taken, SESSION, free_before=80 * GIB) is None
+
+
 def test_a_listed_session_process_holds_it() -> None:
     g = gpu("GPU-a", 3, processes=(GpuProcess(4242, "vllm", 30 * GIB),), free=50 * GIB)
     assert still_held(g, SESSION) == ((4242, 30 * GIB),)

@@ -45,9 +45,13 @@ def state_text(pid: int, state: str | None) -> str:
     return f"pid {pid} ({state}, {words})" if words else f"pid {pid} ({state})"
 
 
-def still_held(gpu: GpuMemory | None, pids: frozenset[int],
-               slack: int = SLACK_MIB) -> tuple[tuple[int, int], ...] | str | None:
-    """What of the session is still on `gpu`.
+def still_held(gpu: GpuMemory | None, pids: frozenset[int], slack: int = SLACK_MIB,
+               free_before: int | None = None) -> tuple[tuple[int, int], ...] | str | None:
+    """What of the session is still on `gpu`. `free_before`: MiB free right before the
+    engine was spawned, when the agent read it; memory is back once free is that again
+    (less the slack), or the whole board less what other processes hold is, whichever
+    asks less: a board's own idle reservation is no leftover, nor is memory a foreign
+    process took since the spawn.
 
     None: released. A tuple: the session's processes NVML still lists, (pid, MiB).
     A str: no process listed, but memory missing (the text says how much), or the GPU
@@ -64,9 +68,11 @@ def still_held(gpu: GpuMemory | None, pids: frozenset[int],
         # cannot be balanced; the session's absence from the list is all there is to go on.
         return None
     expected = gpu.total - sum(foreign) - slack
+    if free_before is not None:
+        expected = min(expected, free_before - slack)
     if gpu.free >= expected:
         return None
-    return f"{gib(gpu.total - sum(foreign) - gpu.free)} not back yet with no process listed"
+    return f"{gib(expected + slack - gpu.free)} not back yet with no process listed"
 
 
 def release_reasons(
@@ -79,6 +85,7 @@ def release_reasons(
     timeout: float,
     states: Mapping[int, str | None],
     slack: int = SLACK_MIB,
+    free_before: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
     """The GPUs of `gpus` still releasing, each with the reason an operator sees.
 
@@ -91,7 +98,7 @@ def release_reasons(
         if reading is None:
             out[uuid] = f"{replica_id} stopped; cannot read the GPUs to see its memory back"
             continue
-        held = still_held(reading.get(uuid), pids, slack)
+        held = still_held(reading.get(uuid), pids, slack, (free_before or {}).get(uuid))
         if held is None:
             continue
         if isinstance(held, str):

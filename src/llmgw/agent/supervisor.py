@@ -69,6 +69,10 @@ class _Release:
     reasons: dict[str, str]  # uuid -> why it is still releasing; empty: released
     alive: frozenset[int] = frozenset()  # of `pids`, those /proc still had last time
     late: bool = False  # past release_timeout (logged once)
+    # uuid -> MiB free right before the engine was spawned: its memory is back once free
+    # is that again (an idle board's own reservation is no leftover). Absent (an adopted
+    # engine): judged against the total alone.
+    free_before: Mapping[str, int] = field(factory=dict)
 
 
 async def watch_release(
@@ -97,7 +101,8 @@ async def refresh_release(rel: _Release, reading: Reading | None,
                           on_change: Callable[[], None]) -> None:
     elapsed = trio.current_time() - rel.began
     reasons = release_reasons(rel.gpus, rel.pids, reading, replica_id=rel.replica_id,
-                              elapsed=elapsed, timeout=timeout, states=states)
+                              elapsed=elapsed, timeout=timeout, states=states,
+                              free_before=rel.free_before)
     rel.alive = frozenset(p for p in rel.pids if states.get(p) is not None)
     if elapsed >= timeout and reasons and not rel.late:
         rel.late = True
@@ -167,6 +172,8 @@ class Supervisor:
         # changes: an engine spawned, a session ended, a GPU released or its reason moved.
         self._on_gpus_changed = on_gpus_changed
         self._releases: list[_Release] = []
+        # replica id -> each GPU's free MiB read right before its engine's spawn.
+        self._free_before: dict[str, dict[str, int]] = {}
         # Called when an engine's command does not resolve: the agent runs discovery
         # again, so that its inventory says so.
         self._on_unavailable = on_unavailable
@@ -386,6 +393,9 @@ class Supervisor:
             own = frozenset(p for r in self._releases if r.replica_id == spec.replica_id
                             for p in r.pids)
             verdict = check_gpus(spec, reading, self.releasing(), own)
+            if not isinstance(verdict, str):
+                self._free_before[spec.replica_id] = {
+                    u: reading[u].free for u in spec.gpus if u in reading}
             if (not isinstance(verdict, str) or not any(u in self.releasing() for u in spec.gpus)
                     or trio.current_time() >= deadline):
                 return verdict
@@ -646,7 +656,8 @@ class Supervisor:
             return
         rel = _Release(spec.replica_id, spec.gpus, frozenset(eng.pids), trio.current_time(),
                        {u: f"releasing after {spec.replica_id} stopped" for u in spec.gpus},
-                       alive=frozenset(eng.pids))
+                       alive=frozenset(eng.pids),
+                       free_before=self._free_before.pop(spec.replica_id, {}))
         self._releases.append(rel)
         self._gpus_changed()
         self._nursery.start_soon(self._release, rel)
