@@ -111,6 +111,13 @@ def test_server_counts_a_batch_once(tmp_path: Path) -> None:
     rows = trio.run(keys.op_usage, admin, UsageOp(), 4002.0)
     assert [(r["requests"], r["prompt_tokens"]) for r in rows] == [(2, 6)]
     assert keys.usage_batches == {"added": 1, "repeated": 1}
+    # Prometheus on the server: counted once too.
+    from llmgw.server.usage_metrics import usage_families
+
+    samples = {(f.name, tuple(s.labels.values())): s.value
+               for f in usage_families(keys.usage_totals) for s in f.samples}
+    assert samples[("llmgw_server_usage_requests", ("k", "m"))] == 2
+    assert samples[("llmgw_server_usage_tokens", ("k", "m", "completion"))] == 3
 
 
 def test_ctl_usage_table_and_csv() -> None:

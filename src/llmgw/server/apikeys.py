@@ -23,6 +23,7 @@ from llmgw.model.apikey import ApiKeyRecord
 from llmgw.server.control import Peer, RequestError
 from llmgw.server.limits import LimitBooks
 from llmgw.server.store import StateStore, StoredEvent
+from llmgw.server.usage_metrics import UsageTotals
 from llmgw.transport.apikey_ops import (
     MAX_KEYS,
     ApiKeyCreateOp,
@@ -69,6 +70,7 @@ class ApiKeys:
         self.store = store
         self.batches_trimmed = 0.0  # when usage batch ids were last forgotten
         self.usage_batches = {"added": 0, "repeated": 0}  # batches from routers
+        self.usage_totals = UsageTotals()  # since this server started, for Prometheus
         self.keys: dict[str, ApiKeyRecord] = store.api_keys()
         self.limits = LimitBooks(lambda: self.keys)
         self._table: list[dict[str, Any]] = []
@@ -191,6 +193,8 @@ class ApiKeys:
             return added
         added = await trio.to_thread.run_sync(add)
         self.usage_batches["added" if added else "repeated"] += 1
+        if added:
+            self.usage_totals.add(op.rows)
         return {"added": added}
 
     async def op_usage(self, peer: Peer, op: UsageOp, now: float) -> Any:

@@ -22,6 +22,7 @@ from llmgw.model.deployment import Replica, ReplicaState
 from llmgw.model.inventory import Inventory
 from llmgw.model.node import NodeState
 from llmgw.server.status import GPU_STATES, gpu_state
+from llmgw.server.usage_metrics import usage_families
 
 if TYPE_CHECKING:
     from llmgw.server.orchestrator import Orchestrator
@@ -252,3 +253,8 @@ class _Collector:
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
                     decisions, auto_desired, auto_load, auto_routers, preemptions)
+        # Usage per API key × model and lease asks (issue 24): server/usage_metrics.py.
+        # (getattr: the orchestrator stand-ins of the metrics tests carry no key store.)
+        keys = getattr(o, "apikeys", None)
+        yield from usage_families(keys.usage_totals if keys else None,
+                                  keys.limits.granted if keys else 0, keys.limits.refused if keys else 0)
