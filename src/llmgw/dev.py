@@ -41,6 +41,7 @@ from llmgw.errors import LlmgwError, UsageError
 from llmgw.http1.client import get
 from llmgw.model.inventory import GpuSource
 from llmgw.router.service import serve_router
+from llmgw.router.tenants import tenant_sources
 from llmgw.server.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request
@@ -460,7 +461,8 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
 
         try:
             router = await nursery.start(functools.partial(serve_router, router_cfg, table_source=table,
-                                                           load_sink=load_sink))
+                                                           load_sink=load_sink,
+                                                           **tenant_sources(router_cfg, request)))
         except OSError as exc:
             raise LlmgwError(f"the router cannot listen on {router_cfg.bind}: {exc}") from None
         nursery.start_soon(bring_up, files, opts, router)

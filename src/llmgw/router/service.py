@@ -39,10 +39,10 @@ from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
+from llmgw.router.tenants import tenant_sources
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 from llmgw.router.usage import UsageMeter, UsageTap, usage_body
 from llmgw.router.usage_report import UsageSink, report_usage
-from llmgw.transport.apikey_ops import KeyTableOp, LeaseOp, UsageReportOp
 from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
@@ -533,25 +533,6 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
     async def sink(op: LoadReportOp) -> object:
         return await reporter(config.keys.secret_key, config.keys.server_key, op, timeout)
 
-    # The key table (issue 24) on a client of its own too.
-    keys = LeaderClient(config.server, request)
-
-    async def key_source(since: str) -> Mapping[str, Any] | None:
-        result = await keys(config.keys.secret_key, config.keys.server_key, KeyTableOp(since),
-                            max(2.0, config.key_table_interval * 2))
-        return result if isinstance(result, Mapping) else None
-
-    usage = LeaderClient(config.server, request)
-
-    async def usage_sink(op: UsageReportOp) -> object:
-        return await usage(config.keys.secret_key, config.keys.server_key, op, timeout)
-
-    leases = LeaderClient(config.server, request)
-
-    async def lease_ask(op: LeaseOp) -> Mapping[str, Any] | None:
-        # Short: a request waits for it (router/limits.py gives up after 1 s anyway).
-        result = await leases(config.keys.secret_key, config.keys.server_key, op, 1.0)
-        return result if isinstance(result, Mapping) else None
-
-    await serve_router(config, table_source=source, load_sink=sink, key_source=key_source,
-                       usage_sink=usage_sink, lease_ask=lease_ask)
+    # API keys, usage and limits (issue 24): on clients of their own too.
+    await serve_router(config, table_source=source, load_sink=sink,
+                       **tenant_sources(config, request))
