@@ -1,0 +1,109 @@
+"""Tokens per minute end to end (issue 24): a server, an agent, a simulated engine and
+two routers, real processes on loopback. One key at tpm=600; plain and streamed answers
+through both routers for 20 s: the tokens the engine reports for the accepted answers
+stay within 600 (all within one minute), while requests go on being accepted until the
+limit is near; a request whose max_tokens alone is over the limit is refused up front."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes.engines import free_port
+from fakes.live import LLMGW, Cluster, Proc, wait_for
+from llmgw.transport import keys
+
+pytestmark = pytest.mark.slow
+
+DEPLOYMENT = """name: a
+model: org/a
+engine: simulated
+gpus_per_node: 1
+replicas: 1
+"""
+TPM = 600
+
+
+def post(port: int, body: dict[str, Any], secret: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"content-type": "application/json", "authorization": f"Bearer {secret}"})
+        r = conn.getresponse()
+        return r.status, r.read()
+    except OSError as exc:
+        return 0, str(exc).encode()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_tpm_plain_and_streamed(cluster: Cluster, tmp_path: Path) -> None:
+    c = cluster
+    c.start_server()
+    c.start_agent("n1", discovery={"simulated_gpus": 1})
+    c.wait_states({"n1": "ready"})
+    f = tmp_path / "a.yaml"
+    f.write_text(DEPLOYMENT)
+    assert c.ctl("apply", "-f", str(f)).returncode == 0
+    r = c.ctl("apikey", "create", "t", "--tpm", str(TPM), "-o", "json")
+    assert r.returncode == 0, r.stderr
+    secret = json.loads(r.stdout)["secret"]
+    ports = [free_port(), free_port()]
+    for i, port in enumerate(ports):
+        keys.issue_key(str(c.keys_dir), "router", f"r{i}")
+        cfg = tmp_path / f"router{i}.toml"
+        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{c.address}"\n'
+                       f'[keys]\nsecret_key = "{c.keys_dir / f"r{i}.key_secret"}"\n'
+                       f'server_key = "{c.server_key}"\n')
+        c.procs.append(Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / f"router{i}.log"))
+    for port in ports:
+        wait_for(lambda p=port: post(p, {"model": "org/x"}, secret)[0] == 404, 60,  # type: ignore[misc]
+                 f"router on {port}")
+
+    # Over the limit on its own: refused at once, before any engine sees it.
+    t0 = time.monotonic()
+    code, raw = post(ports[0], {"model": "org/a", "prompt": "p", "max_tokens": 100_000}, secret)
+    assert code == 429 and time.monotonic() - t0 < 1.0, raw
+    err = json.loads(raw)["error"]
+    assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens", err
+
+    used = 0
+    accepted = refused = 0
+    end = time.monotonic() + 20
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        body: dict[str, Any] = {"model": "org/a", "prompt": "hello " * 5, "max_tokens": 20}
+        if i % 2:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        code, raw = post(ports[i % 2], body, secret)
+        if code == 429:
+            refused += 1
+            continue
+        assert code == 200, raw
+        accepted += 1
+        if i % 2:
+            events = [json.loads(b[6:]) for b in raw.split(b"\n\n")
+                      if b.startswith(b"data: {")]
+            u = events[-1]["usage"]
+        else:
+            u = json.loads(raw)["usage"]
+        used += u["prompt_tokens"] + u["completion_tokens"]
+    print(f"tpm={TPM}: {accepted} accepted ({used} tokens by the engine's usage), {refused} refused")
+    assert used <= TPM
+    assert accepted >= 5 and refused > 0
