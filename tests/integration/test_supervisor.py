@@ -251,6 +251,32 @@ async def test_not_ready_in_time_is_failed_then_stopped(tmp_path: Path, prefix: 
         nursery.cancel_scope.cancel()
 
 
+async def test_leader_exit_with_its_session_left_is_unhealthy_then_exited(
+        tmp_path: Path, prefix: str) -> None:
+    """The leader exits, a process of its session stays (vLLM's EngineCore, say): out of
+    the routers' tables at once (LEADER_EXITED), then what is left is stopped."""
+    main = ProcessPlan("engine", ("sh", "-c", "sleep 60 & sleep 1"))
+
+    def plan(s: EngineSpec, indices: Mapping[str, int]) -> LaunchPlan:
+        return LaunchPlan((main,), health_checked=False)
+
+    reports = Reports()
+    sup = Supervisor(config(str(tmp_path), stop_timeout=1.0), reports, plan=plan)
+    s = spec(f"{prefix}lead", free_port())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.serve)
+        await sup.apply((s,))
+        r = await reports.wait(s.replica_id, EngineState.UNHEALTHY, timeout=10)
+        assert r.reason == "engine process exited; stopping what is left of its session"
+        r = await reports.wait(s.replica_id, EngineState.EXITED, timeout=10)
+        assert r.reason == "exited with code 0"
+        assert [x.state for x in reports.seen] == [
+            EngineState.STARTING, EngineState.READY, EngineState.UNHEALTHY, EngineState.EXITED]
+        assert [x.state for x in sup.reports()] == [EngineState.EXITED]  # kept for the server
+        assert _tagged(prefix) == []
+        nursery.cancel_scope.cancel()
+
+
 async def test_multi_process_plan_shares_one_session(tmp_path: Path, prefix: str) -> None:
     """A plan with an earlier process (like a Ray head) and a liveness-only main process."""
     sleeper = ProcessPlan("helper", ("sleep", "60"))

@@ -1,13 +1,20 @@
 """The engine lifecycle as one table (in the manner of h11's _state.py).
 
-`transition(state, event)` is the only place an engine's state changes. `state` is None
+`next_state(phase, event)` is the only place an engine's phase changes. `phase` is None
 for an engine the supervisor knows of but has not started or adopted yet. Counting health
 failures, timers and signals stay with the supervisor: it turns them into events
-(HEALTH_FAIL means "failed `threshold` times in a row", not one failed probe).
+(HEALTH_FAIL means "failed `threshold` times in a row", not one failed probe). The table
+holds no reasons: the caller says why (the pid, the exit code, the timeout it gave).
+
+The table's states are the reported EngineState's, with one more: FAILED_STOPPING, an
+engine being stopped because it failed (its startup timeout, a port conflict). It is
+reported as stopping, as any stop is; that it failed decides its exit (what it is reported
+as and that the server hears of it), so the phase keeps it rather than a flag beside it.
 
 Pairs that arrive late through a race (a health result after a stop was asked, a
 startup timer that fires just after the first 200) are listed as no-ops; any pair not in
-the table is a bug and raises InvalidTransition.
+the table is a bug and raises InvalidTransition. The same API as the replica and node
+tables: TRANSITIONS, next_state, one typed error.
 """
 
 from __future__ import annotations
@@ -18,81 +25,106 @@ from llmgw.errors import EngineError
 from llmgw.model.engine import EngineState
 
 
+class Phase(enum.StrEnum):
+    """The table's states: EngineState's (the same values), and FAILED_STOPPING."""
+
+    STARTING = "starting"
+    READY = "ready"
+    UNHEALTHY = "unhealthy"
+    FAILED = "failed"  # never ready: its startup timeout passed, or its port is another's
+    STOPPING = "stopping"
+    FAILED_STOPPING = "failed-stopping"  # stopped because it failed; reported as stopping
+    EXITED = "exited"
+
+
 class EngineEvent(enum.StrEnum):
     STARTED = "started"  # the process was spawned and its record written
     ADOPTED = "adopted"  # a recorded process, alive with its start time, taken over
     HEALTH_OK = "health_ok"  # GET /health answered 200
     HEALTH_FAIL = "health_fail"  # health failed the threshold number of times in a row
+    # The leader process exited and processes of its session remain (vLLM's EngineCore,
+    # workers, Ray): no longer serving from this moment, while what is left is stopped.
+    LEADER_EXITED = "leader_exited"
     STARTUP_TIMEOUT = "startup_timeout"  # not ready within the spec's startup timeout
     # Its port answers, but from a process outside its session (another cluster's engine):
     # never ready; the supervisor stops it and reports the conflict.
     PORT_CONFLICT = "port_conflict"
-    STOP_REQUESTED = "stop_requested"  # the desired set no longer wants it
+    STOP_REQUESTED = "stop_requested"  # the desired set no longer wants it, or it failed
     EXITED = "exited"  # the process is gone (exit code or signal)
 
 
 class InvalidTransition(EngineError):
-    """An event that cannot happen in the engine's current state."""
+    """An event that cannot happen in the engine's current phase: a bug of ours."""
 
-    def __init__(self, state: EngineState | None, event: EngineEvent) -> None:
-        self.state = state
+    def __init__(self, phase: Phase | None, event: EngineEvent) -> None:
+        self.phase = phase
         self.event = event
-        where = state.value if state is not None else "not started"
+        where = phase.value if phase is not None else "not started"
         super().__init__(f"engine event {event.value!r} is not valid in state {where!r}")
 
 
-S = EngineState
+P = Phase
 E = EngineEvent
-_SAME = ""  # reason for a no-op: the state does not change
 
-# (state, event) -> (new state, reason)
-TRANSITIONS: dict[tuple[EngineState | None, EngineEvent], tuple[EngineState, str]] = {
-    (None, E.STARTED): (S.STARTING, "process started"),
-    (None, E.ADOPTED): (S.STARTING, "adopted a running engine after an agent restart"),
-    (None, E.EXITED): (S.EXITED, "process gone before it could be adopted"),
-    (S.STARTING, E.HEALTH_OK): (S.READY, "first health check passed"),
-    (S.STARTING, E.HEALTH_FAIL): (S.STARTING, _SAME),  # still loading: refused is normal
-    (S.STARTING, E.STARTUP_TIMEOUT): (S.FAILED, "not ready within its startup timeout"),
-    (S.STARTING, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
-    (S.STARTING, E.STOP_REQUESTED): (S.STOPPING, "stop requested while starting"),
-    (S.STARTING, E.EXITED): (S.EXITED, "exited while starting"),
-    (S.READY, E.HEALTH_OK): (S.READY, _SAME),
-    (S.READY, E.HEALTH_FAIL): (S.UNHEALTHY, "health checks failing"),
-    (S.READY, E.STARTUP_TIMEOUT): (S.READY, _SAME),  # timer raced the first 200
-    (S.READY, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
-    (S.READY, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
-    (S.READY, E.EXITED): (S.EXITED, "exited unexpectedly"),
-    (S.UNHEALTHY, E.HEALTH_OK): (S.READY, "health recovered"),
-    (S.UNHEALTHY, E.HEALTH_FAIL): (S.UNHEALTHY, _SAME),
-    (S.UNHEALTHY, E.STARTUP_TIMEOUT): (S.UNHEALTHY, _SAME),
-    (S.UNHEALTHY, E.PORT_CONFLICT): (S.FAILED, "its port is answered by another process"),
-    (S.UNHEALTHY, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
-    (S.UNHEALTHY, E.EXITED): (S.EXITED, "exited unexpectedly"),
-    (S.FAILED, E.HEALTH_OK): (S.FAILED, _SAME),  # too late: the server decides
-    (S.FAILED, E.HEALTH_FAIL): (S.FAILED, _SAME),
-    (S.FAILED, E.STARTUP_TIMEOUT): (S.FAILED, _SAME),
-    (S.FAILED, E.PORT_CONFLICT): (S.FAILED, _SAME),
-    (S.FAILED, E.STOP_REQUESTED): (S.STOPPING, "stop requested"),
-    (S.FAILED, E.EXITED): (S.EXITED, "exited after failing to start"),
-    (S.STOPPING, E.HEALTH_OK): (S.STOPPING, _SAME),
-    (S.STOPPING, E.HEALTH_FAIL): (S.STOPPING, _SAME),
-    (S.STOPPING, E.STARTUP_TIMEOUT): (S.STOPPING, _SAME),
-    (S.STOPPING, E.PORT_CONFLICT): (S.STOPPING, _SAME),
-    (S.STOPPING, E.STOP_REQUESTED): (S.STOPPING, _SAME),
-    (S.STOPPING, E.EXITED): (S.EXITED, "stopped on request"),
-    (S.EXITED, E.STARTED): (S.STARTING, "process started again"),
-    (S.EXITED, E.STOP_REQUESTED): (S.EXITED, _SAME),  # nothing left to stop
+TRANSITIONS: dict[tuple[Phase | None, EngineEvent], Phase] = {
+    (None, E.STARTED): P.STARTING,
+    (None, E.ADOPTED): P.STARTING,  # after an agent restart
+    (None, E.EXITED): P.EXITED,  # gone before it could be adopted, or never started
+    (P.STARTING, E.HEALTH_OK): P.READY,
+    (P.STARTING, E.HEALTH_FAIL): P.STARTING,  # still loading: refused is normal
+    (P.STARTING, E.LEADER_EXITED): P.STARTING,  # was not serving: nothing to take back
+    (P.STARTING, E.STARTUP_TIMEOUT): P.FAILED,
+    (P.STARTING, E.PORT_CONFLICT): P.FAILED,
+    (P.STARTING, E.STOP_REQUESTED): P.STOPPING,
+    (P.STARTING, E.EXITED): P.EXITED,
+    (P.READY, E.HEALTH_OK): P.READY,
+    (P.READY, E.HEALTH_FAIL): P.UNHEALTHY,
+    (P.READY, E.LEADER_EXITED): P.UNHEALTHY,
+    (P.READY, E.STARTUP_TIMEOUT): P.READY,  # timer raced the first 200
+    (P.READY, E.PORT_CONFLICT): P.FAILED,
+    (P.READY, E.STOP_REQUESTED): P.STOPPING,
+    (P.READY, E.EXITED): P.EXITED,
+    (P.UNHEALTHY, E.HEALTH_OK): P.READY,
+    (P.UNHEALTHY, E.HEALTH_FAIL): P.UNHEALTHY,
+    (P.UNHEALTHY, E.LEADER_EXITED): P.UNHEALTHY,
+    (P.UNHEALTHY, E.STARTUP_TIMEOUT): P.UNHEALTHY,
+    (P.UNHEALTHY, E.PORT_CONFLICT): P.FAILED,
+    (P.UNHEALTHY, E.STOP_REQUESTED): P.STOPPING,
+    (P.UNHEALTHY, E.EXITED): P.EXITED,
+    (P.FAILED, E.HEALTH_OK): P.FAILED,  # too late: the server decides
+    (P.FAILED, E.HEALTH_FAIL): P.FAILED,
+    (P.FAILED, E.STARTUP_TIMEOUT): P.FAILED,
+    (P.FAILED, E.PORT_CONFLICT): P.FAILED,
+    (P.FAILED, E.STOP_REQUESTED): P.FAILED_STOPPING,
+    (P.FAILED, E.EXITED): P.EXITED,
+    **{(p, e): p for p in (P.STOPPING, P.FAILED_STOPPING)
+       for e in (E.HEALTH_OK, E.HEALTH_FAIL, E.STARTUP_TIMEOUT, E.PORT_CONFLICT, E.STOP_REQUESTED)},
+    (P.STOPPING, E.EXITED): P.EXITED,
+    (P.FAILED_STOPPING, E.EXITED): P.EXITED,
+    (P.EXITED, E.STARTED): P.STARTING,
+    (P.EXITED, E.STOP_REQUESTED): P.EXITED,  # nothing left to stop
 }
 
+# Phases of an engine that failed: its exit is reported as the failure's, and kept for
+# the server even though a stop was asked (the stop was the supervisor's, not the server's).
+FAILING = frozenset({P.FAILED, P.FAILED_STOPPING})
+# Phases in which a process may still be running.
+LIVE = frozenset({P.STARTING, P.READY, P.UNHEALTHY, P.FAILED, P.STOPPING, P.FAILED_STOPPING})
 
-def transition(state: EngineState | None, event: EngineEvent) -> tuple[EngineState, str]:
-    """The state after `event`, and the reason to report ("" when nothing changed)."""
+
+def next_state(phase: Phase | None, event: EngineEvent) -> Phase:
+    """The phase after `event`; the same phase for a no-op pair (nothing to report)."""
     try:
-        return TRANSITIONS[(state, event)]
+        return TRANSITIONS[phase, event]
     except KeyError:
-        raise InvalidTransition(state, event) from None
+        raise InvalidTransition(phase, event) from None
 
 
-def is_live(state: EngineState | None) -> bool:
-    """Whether a process may still be running in this state."""
-    return state in (S.STARTING, S.READY, S.UNHEALTHY, S.FAILED, S.STOPPING)
+def reported(phase: Phase) -> EngineState:
+    """What an engine's report says of `phase`: a failed engine's stop is a stop."""
+    return EngineState.STOPPING if phase is P.FAILED_STOPPING else EngineState(phase.value)
+
+
+def is_live(phase: Phase | None) -> bool:
+    """Whether a process may still be running in this phase."""
+    return phase in LIVE

@@ -23,7 +23,7 @@ from llmgw.agent.bad_copies import unreadable_reason
 from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
-from llmgw.agent.engine_states import EngineEvent, transition
+from llmgw.agent.engine_states import FAILING, EngineEvent, Phase, next_state, reported
 from llmgw.agent.engines import LaunchPlan, weights_for
 from llmgw.agent.gpu_claims import check_gpus
 from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
@@ -121,9 +121,11 @@ class _Engine:
     record: EngineRecord
     health: bool  # False: liveness only (SGLang ranks > 0, headless and Ray members)
     report: EngineReport
-    state: EngineState | None = None  # moved only by engine_states.transition
+    state: Phase | None = None  # moved only by engine_states.next_state
     stop_reason: str = ""
-    failed: str = ""  # why it failed to start, when it did
+    # Why it failed (in a phase of FAILING): its exit's reason, which the stop that
+    # follows the failure does not replace.
+    failure: str = ""
     stop_requested: trio.Event = field(factory=trio.Event)
     done: trio.Event = field(factory=trio.Event)
     settled: trio.Event = field(factory=trio.Event)  # left "starting" (or never will)
@@ -295,7 +297,7 @@ class Supervisor:
             self._call(eng.report)
 
         return AdapterKeeper(self._config.mgmt_addr, spec.port, spec.replica_id, wanted,
-                             lambda: eng.state is EngineState.READY, on_result)
+                             lambda: eng.state is Phase.READY, on_result)
 
     def releasing(self) -> dict[str, str]:
         """GPU UUID -> why it is not back yet, for each GPU of an ended engine whose
@@ -329,18 +331,19 @@ class Supervisor:
 
     # ---- internals ----
 
-    def _event(self, eng: _Engine, event: EngineEvent, detail: str = "",
+    def _event(self, eng: _Engine, event: EngineEvent, reason: str,
                **changes: object) -> None:
-        """Move `eng` through the lifecycle table; report when its state changed."""
-        state, reason = transition(eng.state, event)
-        eng.state = state
-        if state is not EngineState.STARTING:
+        """Move `eng` through the lifecycle table; report when its phase changed, with
+        `reason` (the table holds none: the caller knows the pid, the code, the timeout)."""
+        was, phase = eng.state, next_state(eng.state, event)
+        eng.state = phase
+        if phase is not Phase.STARTING:
             eng.settled.set()
-        if state is EngineState.READY and eng.adapters is not None:
+        if phase is Phase.READY and eng.adapters is not None:
             eng.adapters.poke()  # a fresh or restarted engine has none of them yet
-        if not reason:
+        if phase is was:
             return  # a no-op pair of the table: nothing to report
-        reason = detail or reason
+        state = reported(phase)
         eng.report = evolve(eng.report, state=state, reason=reason, **changes)  # type: ignore[arg-type]
         log.info("engine %s gen %d: %s (%s)", eng.spec.replica_id, eng.spec.generation,
                  state, reason)
@@ -503,7 +506,7 @@ class Supervisor:
         if not logged:
             log.warning("engine %s gen %d: %s", rid, spec.generation, reason)
         _note(log_path, rid, reason)
-        report = EngineReport(rid, spec.generation, transition(None, EngineEvent.EXITED)[0],
+        report = EngineReport(rid, spec.generation, reported(next_state(None, EngineEvent.EXITED)),
                               reason=reason, restarts=restarts, conflict_port=conflict_port,
                               log_tail=tail_lines(log_path, self._sup.log_lines))
         self._exited[rid] = report
@@ -511,9 +514,9 @@ class Supervisor:
 
     def _conflict(self, eng: _Engine, conflict: PortConflict) -> None:
         """Another process answers on `eng`'s port: never ready; stop it, say who."""
-        if eng.failed:
+        if eng.state in FAILING:
             return
-        eng.failed = conflict.reason
+        eng.failure = conflict.reason
         self._event(eng, EngineEvent.PORT_CONFLICT, conflict.reason, conflict_port=conflict.port)
         eng.stop_reason = "its port is answered by another process"
         eng.stop_requested.set()
@@ -545,7 +548,7 @@ class Supervisor:
 
     def _report_gone(self, gone: Gone) -> None:
         rec = gone.record
-        state = transition(None, EngineEvent.EXITED)[0]
+        state = reported(next_state(None, EngineEvent.EXITED))
         report = EngineReport(rec.spec.replica_id, rec.spec.generation, state,
                               pid=rec.pid, reason=gone.reason, restarts=rec.restarts,
                               log_tail=tail_lines(rec.log_path, self._sup.log_lines))
@@ -611,21 +614,25 @@ class Supervisor:
         left = procs.session_pids(rec.sid)
         eng.pids.update(left)
         if left:
-            if not eng.stop_requested.is_set() and eng.state is EngineState.READY:
-                # Not ready from this moment: stopping what is left (vLLM's EngineCore and
-                # workers) can take up to stop_timeout, and the routers must not wait for it.
-                self._event(eng, EngineEvent.HEALTH_FAIL,
+            if not eng.stop_requested.is_set():
+                # Not ready from this moment (a ready one): stopping what is left (vLLM's
+                # EngineCore and workers) can take up to stop_timeout, and the routers must
+                # not wait for it.
+                self._event(eng, EngineEvent.LEADER_EXITED,
                             "engine process exited; stopping what is left of its session")
             killed = await procs.stop_session(rec.sid, self._sup.stop_timeout) or killed
-        if (eng.health and not eng.failed and not eng.stop_requested.is_set()
-                and eng.state is EngineState.STARTING):
+        failed = eng.state in FAILING
+        taken = ""
+        if eng.health and not eng.stop_requested.is_set() and eng.state is Phase.STARTING:
             # Died before its first 200: when someone else now holds its port, that is why.
             conflict = await trio.to_thread.run_sync(self._port_taken, rec.spec.port)
             if conflict is not None:
-                eng.failed = f"{conflict.reason} (the engine exited before it was ready)"
+                taken = f"{conflict.reason} (the engine exited before it was ready)"
                 eng.report = evolve(eng.report, conflict_port=conflict.port)
-        if eng.failed:
-            reason = eng.failed
+        if failed:
+            reason = eng.failure
+        elif taken:
+            reason = taken
         elif eng.stop_requested.is_set():
             reason = f"stopped: {eng.stop_reason}"
             if killed:
@@ -635,7 +642,7 @@ class Supervisor:
         else:
             reason = f"exited with code {code}"
         tail = tail_lines(rec.log_path, self._sup.log_lines)
-        if eng.state is EngineState.STARTING and not eng.stop_requested.is_set():
+        if eng.state is Phase.STARTING and not eng.stop_requested.is_set():
             reason += self._unreadable_copy(eng, tail)
         del self._engines[rec.spec.replica_id]
         remove_record(self._sup.work_dir, rec.spec.replica_id)
@@ -643,7 +650,7 @@ class Supervisor:
         # must already find these GPUs out (the inventory says so once it is sent).
         self._begin_release(eng)
         self._event(eng, EngineEvent.EXITED, reason, exit_code=code, log_tail=tail)
-        if not eng.stop_requested.is_set() or eng.failed:
+        if not eng.stop_requested.is_set() or failed:
             self._exited[rec.spec.replica_id] = eng.report
         eng.done.set()
 
@@ -708,11 +715,11 @@ class Supervisor:
             self.on_probe(trio.current_time() - began, ok)
             if not ok:
                 return False
-            if eng.state is EngineState.READY:
+            if eng.state is Phase.READY:
                 await self._note_in_flight(eng, host, port, timeout)
             # A 200 counts only from the engine's own session: on the way to ready, and
             # every OWNER_CHECK_EVERY answers after that.
-            due = eng.state is not EngineState.READY or answered % OWNER_CHECK_EVERY == 0
+            due = eng.state is not Phase.READY or answered % OWNER_CHECK_EVERY == 0
             answered += 1
             if not due or eng.record.sid <= 0:
                 return True
@@ -730,11 +737,12 @@ class Supervisor:
                 self._event(eng, EngineEvent.HEALTH_FAIL, "three health checks failed in a row")
             else:
                 now = trio.current_time()
-                eng.failed = (clock.expired(now)
-                              or f"not ready within {now - clock.began:.0f}s")
-                self._event(eng, EngineEvent.STARTUP_TIMEOUT, eng.failed)
-                eng.stop_reason = "failed to start in time"
-                eng.stop_requested.set()
+                why = clock.expired(now) or f"not ready within {now - clock.began:.0f}s"
+                self._event(eng, EngineEvent.STARTUP_TIMEOUT, why)
+                if eng.state is Phase.FAILED:  # not a timer that raced the first 200
+                    eng.failure = why
+                    eng.stop_reason = "failed to start in time"
+                    eng.stop_requested.set()
 
         await watch_health(probe, interval=self._sup.health_interval,
                            startup_timeout=eng.spec.startup_timeout, on_event=on_event,
