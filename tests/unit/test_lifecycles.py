@@ -9,8 +9,8 @@ import itertools
 import pytest
 
 from llmgw.errors import LlmgwError
-from llmgw.model.deployment import ReplicaState
-from llmgw.model.engine import EngineState
+from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
+from llmgw.model.engine import EngineKind, EngineState
 from llmgw.model.node import NodeState
 from llmgw.server import node_states, replica_states
 from llmgw.server.replica_states import (
@@ -57,6 +57,15 @@ def test_replica_groups_agree_with_the_table() -> None:
     for s in ROUTABLE:
         assert replica_states.next_state(s, E.ENGINES_READY) == S.READY
     assert S.DRAINING not in ROUTABLE and S.STARTING not in ROUTABLE
+
+
+def test_the_models_wants_engines_is_the_tables() -> None:
+    """Replica.wants_engines (the model cannot import the table) names the same states."""
+    spec = Deployment(name="d", model="org/m", engine=EngineKind.VLLM, gpus_per_node=1, replicas=1)
+    for state in S:
+        r = Replica(id="d-0", deployment="d", index=0, spec=spec, state=state,
+                    members=(Member(node_id="a", rank=0, gpus=(), port=1),))
+        assert r.wants_engines == (state in WANTS_ENGINES), state
 
 
 R, U, ST, X, F = ES.READY, ES.UNHEALTHY, ES.STARTING, ES.EXITED, ES.FAILED

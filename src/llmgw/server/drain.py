@@ -26,8 +26,10 @@ from collections.abc import Mapping
 from attrs import frozen
 
 from llmgw.model.deployment import Replica
-from llmgw.model.engine import EngineReport, EngineState
+from llmgw.model.engine import EngineReport
 from llmgw.model.node import NodeState
+
+from .replica_states import ENGINE_ENDED
 
 # Seconds from a drain's start before an idle engine counts as done: two router polls at
 # the default 1 s and two of the agent's in-flight reads at the default 2 s.
@@ -54,7 +56,7 @@ def drain_verdict(
         if nodes.get(m.node_id, NodeState.LOST) == NodeState.LOST:
             return DrainVerdict(f"node {m.node_id} lost while draining: stopped")
         rep = reports.get(m.node_id)
-        if rep is not None and rep.state in (EngineState.EXITED, EngineState.FAILED):
+        if rep is not None and rep.state in ENGINE_ENDED:
             why = f" ({rep.reason})" if rep.reason else ""
             return DrainVerdict(f"engine on {m.node_id} {rep.state} while draining{why}: stopped")
     head = reports.get(r.members[0].node_id) if r.members else None

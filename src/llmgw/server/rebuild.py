@@ -19,9 +19,9 @@ from attrs import evolve, frozen
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Member, Replica
-from llmgw.model.engine import EngineReport, EngineSpec, EngineState
+from llmgw.model.engine import EngineReport, EngineSpec
 
-from .replica_states import ReplicaEvent, next_state
+from .replica_states import ENGINE_ENDED, ReplicaEvent, next_state
 
 
 @frozen
@@ -39,7 +39,7 @@ def adoptable(report: EngineReport, replicas: Mapping[str, Replica], floor: int,
     spec = report.spec
     if spec is None or report.replica_id in replicas:
         return False
-    if report.state in (EngineState.EXITED, EngineState.FAILED):
+    if report.state in ENGINE_ENDED:
         return False
     return report.generation > floor or bool(spec.issuer) and spec.issuer != state_id
 

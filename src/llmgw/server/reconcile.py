@@ -57,7 +57,7 @@ from llmgw.model.preflight import failure as preflight_failure
 from .placement import NodeView
 from .reconcile_pass import Event, Pass, ReconcileSettings
 from .reconcile_state import NodeDelta, ReconcileState
-from .replica_states import BACKING_OFF, ENGINE_FAILED, ReplicaEvent, engines_event
+from .replica_states import BACKING_OFF, ENGINE_ENDED, ReplicaEvent, engines_event
 from .rollout import roll_deployment
 
 DEFAULT_SETTINGS = ReconcileSettings()
@@ -261,7 +261,7 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
             states.append(None)  # suspect: no news is not bad news
             continue
         rep = p.state.report(m.node_id, r.id, r.generation)
-        if rep is not None and rep.state in ENGINE_FAILED:
+        if rep is not None and rep.state in ENGINE_ENDED:
             failed = failed or rep
         states.append(rep.state if rep else EngineState.STARTING)
     event = engines_event(r.state, states)

@@ -90,8 +90,10 @@ BACKING_OFF = frozenset({S.BACKOFF, S.CRASH_LOOPING})
 # In the routers' endpoint tables: READY is served; UNHEALTHY and HELD stay listed, the
 # router judging by whether the engine answers (a held replica's node may come back).
 ROUTABLE = frozenset({S.READY, S.UNHEALTHY, S.HELD})
-# A member's engine in one of these has ended badly: the replica has FAILED.
-ENGINE_FAILED = frozenset({EngineState.EXITED, EngineState.FAILED})
+# An engine reported in one of these is done for good (exited, or failed and being
+# stopped; none is stopped on request while its replica wants it): its replica has
+# FAILED, a drain ends on it, rebuild never adopts it.
+ENGINE_ENDED = frozenset({EngineState.EXITED, EngineState.FAILED})
 
 
 def drains_first(state: ReplicaState) -> bool:
@@ -115,7 +117,7 @@ def engines_event(state: ReplicaState, members: Sequence[EngineState | None]) ->
     unhealthy, ENGINES_STARTING when every member is heard, NODE_BACK for a held replica
     with a member still unheard."""
     known = [st for st in members if st is not None]
-    if any(st in ENGINE_FAILED for st in known):
+    if any(st in ENGINE_ENDED for st in known):
         return E.FAILED
     if known and len(known) == len(members) and all(st == EngineState.READY for st in known):
         return E.ENGINES_READY
