@@ -129,6 +129,8 @@ async def test_started_with_nvml_indices_recorded_and_logged(tmp_path: Path, pre
         assert plan.calls == [(s, {"GPU-a": 3, "GPU-b": 0})]
         (rec,) = read_records(str(tmp_path))
         assert rec.cuda_devices == (3, 0) and rec.spec.gpus == ("GPU-a", "GPU-b")
+        # What "its memory is back" means after it ends, kept for an adopted engine too.
+        assert rec.gpu_free_before == (gpus.gpus["GPU-a"].free, gpus.gpus["GPU-b"].free)
         log_text = (tmp_path / "engines" / s.replica_id / LOG).read_text()
         assert "llmgw agent: GPUs GPU-a,GPU-b as CUDA devices 3,0\n" in log_text
         assert r.pid in sup.engine_pids()

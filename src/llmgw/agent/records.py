@@ -40,6 +40,10 @@ class EngineRecord:
     # The weights it was started on (Weights.reason: the copy's path, local or shared, the
     # store; or the download folder), reported again when the engine is adopted.
     weights: str = ""
+    # MiB free on each of spec.gpus right before the spawn, in that order: what "its memory
+    # is back" means after it ends (gpu_release.still_held), for an adopted engine too.
+    # Empty: not read (a record from before, or no GPU reader).
+    gpu_free_before: tuple[int, ...] = ()
 
     @property
     def pending(self) -> bool:

@@ -174,7 +174,8 @@ class Supervisor:
         # changes: an engine spawned, a session ended, a GPU released or its reason moved.
         self._on_gpus_changed = on_gpus_changed
         self._releases: list[_Release] = []
-        # replica id -> each GPU's free MiB read right before its engine's spawn.
+        # replica id -> each GPU's free MiB read right before its engine's spawn, until its
+        # record keeps it (EngineRecord.gpu_free_before: an adopted engine has it too).
         self._free_before: dict[str, dict[str, int]] = {}
         # Called when an engine's command does not resolve: the agent runs discovery
         # again, so that its inventory says so.
@@ -432,8 +433,11 @@ class Supervisor:
             self._refuse(spec, restarts, log_path, f"not started: {indices}")
             return
         devices = tuple(indices[u] for u in spec.gpus)
+        free = self._free_before.pop(rid, {})
         record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts,
-                              cuda_devices=devices)
+                              cuda_devices=devices,
+                              gpu_free_before=tuple(free[u] for u in spec.gpus)
+                              if all(u in free for u in spec.gpus) else ())
         try:
             plan: LaunchPlan = self._plan(spec, indices)
             # The same pure answer the plan just got from the same scan (nothing awaited
@@ -664,7 +668,7 @@ class Supervisor:
         rel = _Release(spec.replica_id, spec.gpus, frozenset(eng.pids), trio.current_time(),
                        {u: f"releasing after {spec.replica_id} stopped" for u in spec.gpus},
                        alive=frozenset(eng.pids),
-                       free_before=self._free_before.pop(spec.replica_id, {}))
+                       free_before=dict(zip(spec.gpus, eng.record.gpu_free_before, strict=False)))
         self._releases.append(rel)
         self._gpus_changed()
         self._nursery.start_soon(self._release, rel)
