@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,29 @@ def test_usage_totals_equal_the_engines_across_two_routers(rig: Rig) -> None:
         raise AssertionError(f"{totals()} != {want}\n{rig.routers[1].text()[-2000:]}") from None
     table = rig.ok("usage")
     assert "org/a" in table and str(want["requests"]) in table
+
+
+def test_a_killed_router_loses_at_most_its_unsent_interval(rig: Rig) -> None:
+    secret = rig.start()
+    port = rig.ports[0]  # reports every 500 ms
+    probe = {"model": "org/a", "prompt": "p", "max_tokens": 2}
+    wait_for(lambda: post(port, probe, secret)[0] == 200, 60, "the router serving")
+    sent = 1
+    for _ in range(10):
+        assert post(port, probe, secret)[0] == 200
+        sent += 1
+    time.sleep(1.5)  # reported
+    last = 5
+    for _ in range(last):
+        assert post(port, probe, secret)[0] == 200
+        sent += 1
+    rig.routers[0].stop(signal.SIGKILL)  # no time to send what the last interval counted
+
+    def counted() -> int:
+        rows = json.loads(rig.ok("usage", "--api-key", "k", "-o", "json"))
+        return sum(r["requests"] for r in rows if r["status"] == 200)
+    wait_for(lambda: counted() >= sent - last, 10, "the reported usage stored")
+    time.sleep(1.0)
+    n = counted()
+    print(f"SIGKILL: {sent} sent, {n} counted, {sent - n} lost (at most the last interval's {last})")
+    assert sent - last <= n <= sent
