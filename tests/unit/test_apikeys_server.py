@@ -103,3 +103,24 @@ def test_only_routers_and_admins_read_the_table(tmp_path: Path) -> None:
     assert ops[LeaseOp][0] == {"router"}
     assert all(roles == {"admin"} for op, (roles, _) in ops.items()
                if op not in (KeyTableOp, UsageReportOp, LeaseOp))
+
+
+def test_a_budget_book_starts_from_the_stored_usage(tmp_path: Path) -> None:
+    from llmgw.model.usage import UsageRow
+    from llmgw.transport.apikey_ops import LeaseOp, LimitKind
+
+    store = Store(str(tmp_path / "s.db"))
+    keys = ApiKeys(store)
+    run(keys.op_create, ADMIN, create("b", budget=Budget(100, 86400.0)), NOW)
+    store.add_usage("batch-0001", [UsageRow("b", "m", int(NOW // 3600 * 3600), 200, 3, 50, 40)], NOW)
+    # A server started afresh (a restart, a failover): the budget's book remembers 90 spent.
+    again = ApiKeys(Store(str(tmp_path / "s.db")))
+
+    async def ask(want: int) -> dict[str, float]:
+        got = again.limits.op_lease(ROUTER, LeaseOp("b", LimitKind.BUDGET, want), NOW + 60)
+        return await got if not isinstance(got, dict) else got  # type: ignore[no-any-return]
+    assert trio.run(ask, 50)["units"] == 10
+    assert trio.run(ask, 5)["retry_after"] > 0
+    # Rates do not read the store: answered at once.
+    run(again.op_update, ADMIN, ApiKeyUpdateOp("b", rpm=5), NOW)
+    assert again.limits.op_lease(ROUTER, LeaseOp("b", LimitKind.RPM, 2), NOW)["units"] == 2

@@ -72,7 +72,7 @@ class ApiKeys:
         self.usage_batches = {"added": 0, "repeated": 0}  # batches from routers
         self.usage_totals = UsageTotals()  # since this server started, for Prometheus
         self.keys: dict[str, ApiKeyRecord] = store.api_keys()
-        self.limits = LimitBooks(lambda: self.keys)
+        self.limits = LimitBooks(lambda: self.keys, spent=self._spent)
         self._table: list[dict[str, Any]] = []
         self.version = ""
         self._rebuild()
@@ -90,6 +90,11 @@ class ApiKeys:
             UsageOp: (admin, self.op_usage),
             LeaseOp: (frozenset({"router"}), self.limits.op_lease),
         }
+
+    def _spent(self, key: str, since: float) -> int:
+        """Tokens `key` used from the hour holding `since` on (blocking: a thread's)."""
+        return sum(r.prompt_tokens + r.completion_tokens
+                   for r in self.store.usage(api_key=key, since=since))
 
     def _rebuild(self) -> None:
         self._table = [table_entry(k) for _, k in sorted(self.keys.items())]

@@ -5,16 +5,19 @@ is server/leases.py's docstring; the router's side is router/limits.py.
 A grant's `ttl` is relative: the router counts it from when it sent its ask, which is no
 later than the grant here, so it stops using a lease no later than the book assumes.
 
-Known limits of this first version: books live in memory, so a server that restarts or a
-newly elected leader starts them empty (routers may still spend leases of the old one for
-up to a ttl, and a budget's spent part is forgotten); a book is replaced (and forgets)
-when its window changes (a budget's period updated).
+Books live in memory. A budget's book, when it is made (the first ask after a start or a
+failover, or a period changed), starts from the key's stored usage over the period (by
+whole hours, so up to an hour more: conservative), counted as used until a period from
+now. Rate books start empty: after a restart or a failover routers may still spend
+leases of the old book for up to a ttl.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import trio
 
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.server.control import Peer
@@ -36,9 +39,12 @@ def limit_of(k: ApiKeyRecord, kind: LimitKind) -> tuple[int, float] | None:
 
 
 class LimitBooks:
-    def __init__(self, keys: Callable[[], Mapping[str, ApiKeyRecord]], ttl: float = LEASE_TTL) -> None:
+    def __init__(self, keys: Callable[[], Mapping[str, ApiKeyRecord]], ttl: float = LEASE_TTL,
+                 spent: Callable[[str, float], int] | None = None) -> None:
         self.keys = keys
         self.ttl = ttl
+        # Tokens a key used since a time, from the store (blocking: run in a thread).
+        self.spent = spent
         self.books: dict[tuple[str, LimitKind], LeaseBook] = {}
         self.granted = 0  # leases granted, for the log and tests
         self.refused = 0
@@ -66,9 +72,24 @@ class LimitBooks:
         if k is None or not k.live(now):
             self.refused += 1
             return {"retry_after": NOT_LIVE_RETRY}
+        fresh = (k.name, op.kind) not in self.books
         b = self.book(k, op.kind)
         if b is None:  # no such limit (any more): as much as asked
             return {"units": op.want, "ttl": self.ttl}
+        if fresh and op.kind is LimitKind.BUDGET and self.spent is not None:
+            return self._seeded(peer, op, b, now)
+        return self._grant(peer, op, b, now)
+
+    async def _seeded(self, peer: Peer, op: LeaseOp, b: LeaseBook, now: float) -> Any:
+        spent = self.spent
+        assert spent is not None
+        used = await trio.to_thread.run_sync(spent, op.key, now - b.window)
+        if used > 0:
+            # As one grant that ended now: it occupies the budget until a period from now.
+            b.grant("(stored usage)", used, now - self.ttl)
+        return self._grant(peer, op, b, now)
+
+    def _grant(self, peer: Peer, op: LeaseOp, b: LeaseBook, now: float) -> Any:
         g = b.grant(peer.identity, op.want, now)
         if g is None:
             self.refused += 1
