@@ -85,3 +85,12 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
         err = capsys.readouterr().err.strip()
         assert code == 2, (argv, err)
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_on_server_loss() -> None:
+    _, o = op("create", "a", "--on-server-loss", "deny")
+    assert o.on_server_loss == "deny"
+    _, o = op("update", "a", "--on-server-loss", "default")
+    assert o == ApiKeyUpdateOp("a", on_server_loss="")
+    _, o = op("update", "a", "--rpm", "3")
+    assert o.on_server_loss is None  # not given: unchanged

@@ -27,12 +27,14 @@ def test_check_by_hash_and_what_the_client_is_told() -> None:
     assert not t.in_use and not t.received
     assert t.apply({"version": "v1", "keys": [entry("a", "sa", models=["m"]),
                                               entry("r", "sr", revoked=5.0),
-                                              entry("e", "se", expires=100.0)]})
+                                              entry("e", "se", expires=100.0,
+                                                    on_server_loss="deny")]})
     assert t.in_use and t.received
     key, _ = t.check(bearer("sa"), 50.0)
     assert key is not None and key.name == "a" and key.allows("m") and not key.allows("x")
     assert t.check(bearer("sr"), 50.0) == (None, "This API key has been revoked.")
-    assert t.check(bearer("se"), 50.0)[0] is not None
+    e = t.check(bearer("se"), 50.0)[0]
+    assert e is not None and e.on_server_loss == "deny"
     assert t.check(bearer("se"), 100.0) == (None, "This API key has expired.")
     assert t.check(bearer("nope"), 50.0) == (None, "Incorrect API key provided.")
     assert t.check(b"Basic c2E=", 50.0)[0] is None

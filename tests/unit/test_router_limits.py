@@ -146,3 +146,16 @@ async def test_concurrency(autojump_clock: trio.abc.Clock) -> None:
     lim.settle(a, None)
     lim.settle(b, None)
     lim.settle(await lim.admit(k, 0), None)
+
+
+async def test_on_server_loss_per_key(autojump_clock: trio.abc.Clock) -> None:
+    deny = key(rpm=5, on_server_loss="deny")
+    allow = key(budget=Budget(100, 3600.0), on_server_loss="allow")
+    server = Server(deny)
+    server.up = False
+    lim = Limiter(server.asker("r0"))
+    with pytest.raises(ApiError) as refused:
+        await lim.admit(deny, 0)
+    assert refused.value.status == 503 and refused.value.code == "limits_unavailable"
+    lim.settle(await lim.admit(allow, 10), 10)  # a budget, but this key says allow
+    assert lim.lost_admits == 1

@@ -54,6 +54,9 @@ def add_arguments(cmd: Callable[[str, str], argparse.ArgumentParser],
         v.add_argument("--budget", metavar="TOKENS/PERIOD",
                        help="at most TOKENS (prompt and completion) per PERIOD, e.g. 5M/30d "
                             "or 20000/1h (none: no budget)")
+        v.add_argument("--on-server-loss", choices=("allow", "deny", "default"),
+                       help="once a router's leases are spent and the server does not answer: "
+                            "admit, refuse, or the default (budgets refuse, rate limits admit)")
         v.add_argument("--expires", metavar="DATE",
                        help="when it stops working: 2027-01-31 (00:00 UTC) or an ISO time "
                             "(never: it does not)")
@@ -144,17 +147,19 @@ def op_of(args: argparse.Namespace, now: float | None = None) -> Any:
         value = getattr(args, flag)
         if value is not None and value < 0:
             raise UsageError(f"--{flag}: expected 0 (no limit) or more, got {value}")
+    loss = None if args.on_server_loss is None else \
+        "" if args.on_server_loss == "default" else args.on_server_loss
     if v == "create":
         secret = make_secret(secrets.token_bytes(SECRET_BYTES))
         args.secret = secret
         return ApiKeyCreateOp(args.name, hash_secret(secret), secret[:SHOWN],
                               models=_models(args.models) or (), rpm=args.rpm or 0,
                               tpm=args.tpm or 0, concurrency=args.concurrency or 0,
-                              budget=budget, expires=expires or 0.0)
+                              budget=budget, expires=expires or 0.0, on_server_loss=loss or "")
     return ApiKeyUpdateOp(args.name, models=_models(args.models), rpm=args.rpm, tpm=args.tpm,
                           concurrency=args.concurrency, budget=budget,
                           clear_budget=bool(args.budget) and args.budget.lower() == "none",
-                          expires=expires)
+                          expires=expires, on_server_loss=loss)
 
 
 def import_file(path: str) -> tuple[ApiKeyCreateOp, ...]:
@@ -218,6 +223,8 @@ def render(args: argparse.Namespace, result: Any) -> str:
              f"concurrency:  {_limit(k['concurrency'])}",
              f"budget:       {_budget(k['budget'])}",
              f"expires:      {_when(k['expires'])}",
+             f"on loss:      {k.get('on_server_loss', 'default')} (the server unreachable, "
+             "leases spent)",
              f"created:      {_when(k['created'])}"]
     if k["revoked"]:
         lines.append(f"revoked:      {_when(k['revoked'])}")

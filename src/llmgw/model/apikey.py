@@ -72,6 +72,9 @@ class ApiKeyRecord:
     budget: Budget | None = None
     expires: float = 0.0  # epoch seconds; 0: never
     revoked: float = 0.0  # when it was revoked; 0: it is not
+    # What a router does once the leases it holds are spent and the server does not
+    # answer: "" (the default: budgets refuse, rate limits admit), "allow" or "deny" (all).
+    on_server_loss: str = ""
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models

@@ -53,7 +53,8 @@ class KeyTable:
         for e in snap.keys:
             keys[e.sha256] = ApiKeyRecord(e.name, e.sha256, "", models=e.models, rpm=e.rpm,
                                           tpm=e.tpm, concurrency=e.concurrency, budget=e.budget,
-                                          expires=e.expires, revoked=e.revoked)
+                                          expires=e.expires, revoked=e.revoked,
+                                          on_server_loss=e.on_server_loss)
         self.keys = keys
         self._cache = {}
         self.version = snap.version

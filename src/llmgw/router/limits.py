@@ -15,9 +15,9 @@ holds (the estimate is the bound; a prompt with more tokens than bytes / 4 is th
 misses). A request whose estimate alone is over the key's tpm or budget is refused up
 front, not after.
 
-With the server unreachable the router spends the leases it holds, then for rates admits
-(logged once) and for budgets refuses (503): `on_server_loss` as the issue sets it by
-default (not yet a per-key setting). Concurrency is counted per router (not across
+With the server unreachable the router spends the leases it holds, then follows the key's
+`on_server_loss` (logged once): by default rates admit and budgets refuse (503);
+"allow" admits, "deny" refuses, whatever the limit. Concurrency is counted per router (not across
 routers: a key's `concurrency` holds on each router).
 """
 
@@ -182,7 +182,13 @@ class Limiter:
         return rate_limited(key.name, what, limit, retry)
 
     def _lost(self, key: ApiKeyRecord, kind: LimitKind, limit: int) -> bool:
-        if kind is LimitKind.BUDGET:
+        deny = key.on_server_loss == "deny" or (kind is LimitKind.BUDGET
+                                                and key.on_server_loss != "allow")
+        if deny and kind is not LimitKind.BUDGET:
+            raise ApiError(503, f"The rate limits of API key {key.name} cannot be checked "
+                           "while the control plane is unreachable; try again shortly.",
+                           type_="server_error", code="limits_unavailable", retry_after=5)
+        if deny:
             raise ApiError(503, f"The token budget of API key {key.name} cannot be checked "
                            "while the control plane is unreachable; try again shortly.",
                            type_="server_error", code="budget_unavailable", retry_after=5)

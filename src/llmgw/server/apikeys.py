@@ -49,6 +49,8 @@ def table_entry(k: ApiKeyRecord) -> dict[str, Any]:
                          "rpm": k.rpm, "tpm": k.tpm, "concurrency": k.concurrency,
                          "budget": k.budget.plain() if k.budget else None,
                          "expires": k.expires, "revoked": k.revoked}
+    if k.on_server_loss:  # only when set: a router from before reads the rest
+        e["on_server_loss"] = k.on_server_loss
     return e
 
 
@@ -57,7 +59,8 @@ def listing(k: ApiKeyRecord, now: float) -> dict[str, Any]:
     return {"name": k.name, "prefix": k.prefix, "state": k.state(now), "models": list(k.models),
             "rpm": k.rpm, "tpm": k.tpm, "concurrency": k.concurrency,
             "budget": k.budget.plain() if k.budget else None, "expires": k.expires,
-            "created": k.created, "revoked": k.revoked}
+            "created": k.created, "revoked": k.revoked,
+            "on_server_loss": k.on_server_loss or "default"}
 
 
 def table_version(entries: list[dict[str, Any]]) -> str:
@@ -129,7 +132,8 @@ class ApiKeys:
                                "the most a router's key table carries")
         return ApiKeyRecord(op.name, op.sha256, op.prefix, created=now, models=op.models,
                             rpm=op.rpm, tpm=op.tpm, concurrency=op.concurrency,
-                            budget=op.budget, expires=op.expires)
+                            budget=op.budget, expires=op.expires,
+                            on_server_loss=op.on_server_loss)
 
     async def op_create(self, peer: Peer, op: ApiKeyCreateOp, now: float) -> Any:
         k = self._check_new(op, now, set())
@@ -158,7 +162,8 @@ class ApiKeys:
         if op.expires and op.expires <= now:
             raise RequestError(f"API key {op.name!r}: --expires is in the past")
         changes: dict[str, Any] = {f: getattr(op, f) for f in
-                                   ("models", "rpm", "tpm", "concurrency", "expires")
+                                   ("models", "rpm", "tpm", "concurrency", "expires",
+                                    "on_server_loss")
                                    if getattr(op, f) is not None}
         if op.budget is not None:
             changes["budget"] = op.budget

@@ -66,6 +66,14 @@ def _when(_: object, a: object, value: float | None) -> None:
         raise ValueError(f"{getattr(a, 'name', 'time')}: expected epoch seconds, got {value!r}")
 
 
+ON_SERVER_LOSS = ("", "allow", "deny")
+
+
+def _loss(_: object, __: object, value: str | None) -> None:
+    if value is not None and value not in ON_SERVER_LOSS:
+        raise ValueError(f"on_server_loss: expected allow, deny or \"\" (the default), got {value[:40]!r}")
+
+
 def _prefix(_: object, __: object, value: str) -> None:
     if len(value) > 16 or not re.match(r"^[A-Za-z0-9_-]*$", value):
         raise ValueError(f"prefix: expected at most 16 URL-safe characters, got {value[:40]!r}")
@@ -84,6 +92,7 @@ class ApiKeyCreateOp:
     concurrency: int = field(default=0, validator=_limit)
     budget: Budget | None = field(default=None, validator=_budget)
     expires: float = field(default=0.0, validator=_when)
+    on_server_loss: str = field(default="", validator=_loss)
 
 
 @frozen
@@ -98,6 +107,7 @@ class ApiKeyUpdateOp:
     budget: Budget | None = field(default=None, validator=_budget)
     clear_budget: bool = False
     expires: float | None = field(default=None, validator=_when)  # 0: never
+    on_server_loss: str | None = field(default=None, validator=_loss)
 
 
 @frozen
@@ -212,6 +222,7 @@ class KeyEntry:
     budget: Budget | None = field(default=None, validator=_budget)
     expires: float = field(default=0.0, validator=_when)
     revoked: float = field(default=0.0, validator=_when)
+    on_server_loss: str = field(default="", validator=_loss)
 
 
 @frozen
