@@ -138,13 +138,14 @@ def stream(port: int, tokens: int, on_first: Callable[[], None] = lambda: None) 
             "end": time.monotonic()}
 
 
-def run_streams(rig: Rig, stop: Callable[[], None]) -> tuple[list[dict[str, Any]], float]:
+def run_streams(rig: Rig, stop: Callable[[], None],
+                tokens: int = TOKENS) -> tuple[list[dict[str, Any]], float]:
     """STREAMS streams at once; once every one has its first event, `stop()`. Returns
     their results and when `stop()` was called."""
     started: list[int] = []
     with ThreadPoolExecutor(STREAMS) as pool:
         futs: list[Future[dict[str, Any]]] = [
-            pool.submit(stream, rig.router_port, TOKENS, lambda: started.append(1))
+            pool.submit(stream, rig.router_port, tokens, lambda: started.append(1))
             for _ in range(STREAMS)]
         wait_for(lambda: len(started) == STREAMS, 20, "every stream's first event")
         at = time.monotonic()
@@ -157,7 +158,7 @@ def engine_of(rig: Rig, replica: str) -> int:
 
 
 def check_drained(rig: Rig, replica: dict[str, Any], stop: Callable[[], None],
-                  alone: bool = True) -> None:
+                  alone: bool = True, tokens: int = TOKENS) -> None:
     """`alone`: the draining replica is the model's last, so once the router has dropped
     it a new request is refused (it would succeed if the router still sent it there)."""
     pid = engine_of(rig, replica["id"])
@@ -173,7 +174,7 @@ def check_drained(rig: Rig, replica: dict[str, Any], stop: Callable[[], None],
             wait_for(lambda: stream(rig.router_port, 1)["why"] == "refused", 5,
                      "the router sending the draining replica nothing new")
 
-    results, stopped_at = run_streams(rig, stop_and_look)
+    results, stopped_at = run_streams(rig, stop_and_look, tokens)
     cut = [r for r in results if not r["done"]]
     assert not cut, f"{len(cut)} of {STREAMS} streams cut: {cut[0]}"
     last = max(r["end"] for r in results)
@@ -228,7 +229,9 @@ def test_rolling_update_drains_the_old_replica(rig: Rig) -> None:
         wait_for(lambda: any(r["state"] == "ready" and r["id"] != replica["id"]
                              for r in rig.replicas().values()), 30, "the new replica ready")
 
-    check_drained(rig, replica, update, alone=False)
+    # Longer streams (12 s): the old replica drains only once the surged one is ready,
+    # which on a loaded machine takes seconds; they must still be running by then.
+    check_drained(rig, replica, update, alone=False, tokens=3 * TOKENS)
     assert stream(rig.router_port, 3)["done"]
 
 
