@@ -148,6 +148,11 @@ def test_usage_totals_equal_the_engines_across_two_routers(rig: Rig) -> None:
         raise AssertionError(f"{totals()} != {want}\n{rig.routers[1].text()[-2000:]}") from None
     table = rig.ok("usage")
     assert "org/a" in table and str(want["requests"]) in table
+    # The status document (and page) has them too, since the server started.
+    row = next(u for u in rig.c.status()["usage"] if (u["api_key"], u["model"]) == ("k", "org/a"))
+    assert row["requests"] >= want["requests"]  # refusals while a router started count too
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (want["prompt_tokens"],
+                                                                want["completion_tokens"])
 
 
 def test_a_killed_router_loses_at_most_its_unsent_interval(rig: Rig) -> None:

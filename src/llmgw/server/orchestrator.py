@@ -59,7 +59,6 @@ from llmgw.server.status import (
     status_view,
 )
 from llmgw.server.store import StateStore, StoredEvent
-from llmgw.server.store import open_store as open_store
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 from llmgw.transport.requests import (
     MAX_LOG_LINES,
@@ -682,4 +681,6 @@ class Orchestrator:
                          + ", ".join(sorted(self.rebuilt)))
         notes += self.rebuild_notes
         return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
-                "notes": notes}
+                "notes": notes,
+                # Per API key x model since this server started (issue 24; `ctl usage`: stored).
+                "usage": self.apikeys.usage_totals.rows()}

@@ -18,6 +18,11 @@ class UsageTotals:
     def __init__(self) -> None:
         self.by: dict[tuple[str, str], list[int]] = {}
 
+    def rows(self) -> list[dict[str, object]]:
+        """For the status document: per key and model, since this server started."""
+        return [{"api_key": k, "model": m, "requests": n, "errors": e, "prompt_tokens": p,
+                 "completion_tokens": c} for (k, m), (n, e, p, c) in sorted(self.by.items())]
+
     def add(self, rows: tuple[UsageRow, ...]) -> None:
         for r in rows:
             t = self.by.setdefault((r.api_key, r.model), [0, 0, 0, 0])

@@ -159,6 +159,14 @@ function render(doc) {
   const islands = doc.islands || [];
   document.getElementById("islands").textContent = islands.length
     ? "Islands (no fabric; single-node replicas only): " + islands.join(", ") : "";
+  // Usage per API key and model (issue 24): shown once routers have metered some.
+  const usage = doc.usage || [];
+  document.getElementById("usage-section").hidden = !usage.length;
+  fillBody("usage", usage.map((u) => el("tr", {"data-usage": u.api_key + "/" + u.model},
+    el("td", {class: "mono"}, u.api_key || "(no key)"), el("td", {class: "mono"}, u.model || "-"),
+    el("td", {class: "num"}, u.requests), el("td", {class: "num"}, u.errors),
+    el("td", {class: "num"}, u.prompt_tokens), el("td", {class: "num"}, u.completion_tokens))),
+  "no usage", 6);
   const notes = doc.notes || [];
   document.getElementById("notes-section").hidden = !notes.length;
   document.getElementById("notes").replaceChildren(...notes.map((n) => el("li", {}, n)));
