@@ -106,6 +106,11 @@ def test_keys_from_the_store_on_a_router(rig: Rig) -> None:
     code, body = ask(rig.port, "org/b", only_a)
     assert code == 404 and body["error"]["code"] == "model_not_found", body
     assert ask(rig.port, "org/b", every)[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", rig.port, timeout=10)
+    conn.request("GET", "/metrics")
+    metrics = conn.getresponse().read().decode()
+    conn.close()
+    assert "llmgw_router_api_keys 2.0" in metrics and "llmgw_router_limits_server_lost 0.0" in metrics
     code, body = ask(rig.port, "org/a", "llmgw-" + "x" * 43)
     assert code == 401 and body["error"]["code"] == "invalid_api_key", body
 

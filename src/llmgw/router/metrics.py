@@ -110,6 +110,7 @@ class _Collector:
             "given that time back instead of being counted against the engine.",
             value=m.forgiven(),
         )
+        yield from m.tenants()  # API keys, usage and limits (router/tenant_metrics.py)
 
 
 class RouterMetrics:
@@ -127,6 +128,7 @@ class RouterMetrics:
         self.loop_lag: Callable[[], float] = float
         self.loop_late_total: Callable[[], float] = float
         self.forgiven: Callable[[], int] = int
+        self.tenants: Callable[[], Iterator[Metric]] = lambda: iter(())
         r.register(_Collector(self))
         self.upstream_errors = Counter(
             "llmgw_router_upstream_errors",

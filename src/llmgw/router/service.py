@@ -39,6 +39,7 @@ from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.table import EndpointTable
+from llmgw.router.tenant_metrics import tenant_families
 from llmgw.router.tenants import tenant_sources
 from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 from llmgw.router.usage import UsageMeter, UsageTap, usage_body
@@ -91,6 +92,8 @@ class Router:
         m.loop_lag = self.lag.take_worst
         m.loop_late_total = lambda: self.lag.total
         m.forgiven = lambda: self.upstream.forgiven
+        m.tenants = lambda: tenant_families(self.key_table, self.limiter, self.usage,
+                                            trio.current_time())
         self._stale = config.metrics_stale_after
         self._crash_log = Throttle(burst=5, period=60.0, clock=time.monotonic)
 
