@@ -8,7 +8,7 @@ A method that returns has committed: what ctl was told succeeded survives a SIGK
 placeholders, `ON CONFLICT ... DO UPDATE`); an engine supplies transactions and reads:
 `Store` here is SQLite in WAL mode with synchronous=FULL (the embedded default, one
 server), store_pg.PgStore is PostgreSQL (several servers, one leader, every write fenced
-by the leader's epoch). `open_store` picks one from the server's configuration.
+by the leader's epoch). `stores.open_store` picks one from the server's configuration.
 
 The API is synchronous; the trio service calls it through `trio.to_thread.run_sync`,
 one call at a time (a lock guards the connection all the same). A PostgreSQL round trip
@@ -18,12 +18,11 @@ on a local network costs well under a millisecond, so this is no worse than SQLi
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from attrs import frozen
 from cattrs.preconf.json import make_converter
@@ -36,9 +35,6 @@ from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.usage import UsageRow, hour_of, merge
 from llmgw.server import migrations
 from llmgw.server.migrations import SCHEMA_VERSION as SCHEMA_VERSION
-
-if TYPE_CHECKING:
-    from llmgw.config.server import ServerConfig
 
 T = TypeVar("T")
 
@@ -434,20 +430,6 @@ class Store(SqlStore):
 
 
 SqliteStore = Store
-
-
-def open_store(config: ServerConfig) -> SqlStore:
-    """The store the configuration names: PostgreSQL when `[store] url` is set, else
-    SQLite in `state_dir`. Opening migrates."""
-    if config.store.url:
-        try:
-            from llmgw.server.store_pg import PgStore
-        except ImportError:
-            raise StoreError("store.url names PostgreSQL, but psycopg is not installed: "
-                             "pip install 'llmgw[postgres]'") from None
-        return PgStore.from_config(config.store)
-    os.makedirs(config.state_dir, exist_ok=True)
-    return Store(os.path.join(config.state_dir, "state.db"))
 
 
 def _insert_events(tx: Tx, events: list[StoredEvent]) -> None:
