@@ -681,4 +681,6 @@ class Orchestrator:
                          + ", ".join(sorted(self.rebuilt)))
         notes += self.rebuild_notes
         return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
-                "notes": notes}
+                "notes": notes,
+                # Per API key x model since this server started (issue 24; `ctl usage`: stored).
+                "usage": self.apikeys.usage_totals.rows()}
