@@ -144,3 +144,16 @@ def test_usage_body() -> None:
     assert out is not None and json.loads(out)["stream_options"] == {"include_usage": True}
     asked = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
     assert usage_body(asked, json.dumps(asked).encode()) is None
+
+
+def test_usage_event_sharing_a_chunk_with_others() -> None:
+    a = b'data: {"choices": [{"text": "z"}]}\n\n'
+    u = b'data: {"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 1}}\n\n'
+    d = b"data: [DONE]\n\n"
+    both = a + u + d
+    wire = b"%x\r\n%s\r\n" % (len(both), both)
+    tap = UsageTap(stream=True, strip=True)
+    out = relay(tap, wire, [])
+    assert (tap.prompt, tap.completion) == (2, 1)
+    kept = a + d
+    assert out == b"%x\r\n%s\r\n" % (len(kept), kept)  # the token and [DONE] stay, re-framed

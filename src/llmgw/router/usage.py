@@ -105,13 +105,27 @@ class UsageTap:
                     pos = n
                 break
             payload = buf[nl + 2:nl + 2 + size]
-            if b'"usage"' in payload and self._event(payload) and self.strip:
-                pos = end
-                continue
+            if b'"usage"' in payload:
+                kept = self._events(payload)
+                if kept is not None:  # the usage event taken out of the chunk
+                    if kept:
+                        out += b"%x\r\n%s\r\n" % (len(kept), kept)
+                    pos = end
+                    continue
             out += buf[pos:end]
             pos = end
         self._held = buf[pos:]
         return bytes(out)
+
+    def _events(self, payload: bytes) -> bytes | None:
+        """Read the usage of a chunk's events; with `strip`, the chunk without its
+        usage-only event (None: the chunk goes as it is). An engine may put several events
+        in one chunk: only that event goes."""
+        if b"\n\n" not in payload.rstrip(b"\n"):
+            return b"" if self._event(payload) and self.strip else None
+        events = payload.split(b"\n\n")
+        kept = [e for e in events if not (b'"usage"' in e and self._event(e) and self.strip)]
+        return None if len(kept) == len(events) else b"\n\n".join(kept)
 
     def _event(self, payload: bytes) -> bool:
         """Read a stream event's usage; True when it is the usage-only event."""
