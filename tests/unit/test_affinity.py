@@ -14,7 +14,7 @@ from fakes.sysfs import _switch, add_hca, hca_device, pcie_tree
 from llmgw.agent.discovery.discover import discover
 from llmgw.agent.discovery.pcie import link_kind
 from llmgw.agent.engines import build_plan
-from llmgw.agent.plans import default_plan
+from llmgw.agent.spawn import default_plan
 from llmgw.config.agent import (
     AgentConfig,
     DiscoveryConfig,

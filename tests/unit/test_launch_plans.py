@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from llmgw.agent.engines import LaunchPlan, build_plan, count_ray_nodes, env_overrides, health_checked
 from llmgw.agent.engines.ray import RAY_MAX_GPUS, without_client_server_port
 from llmgw.agent.engines.weights import weights_for
-from llmgw.agent.plans import default_plan
+from llmgw.agent.spawn import default_plan
 from llmgw.config.agent import (
     AgentConfig,
     EnginesConfig,

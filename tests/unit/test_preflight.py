@@ -24,7 +24,7 @@ from llmgw.agent.engines.preflight import (
     parse_output,
     verdict,
 )
-from llmgw.agent.plans import default_plan, probe_command, spawn_plan
+from llmgw.agent.spawn import default_plan, probe_command, spawn_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SupervisorConfig, VllmConfig
 from llmgw.config.deployment import parse_deployment
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec

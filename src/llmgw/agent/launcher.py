@@ -6,7 +6,7 @@ in the same session; when the plan asks, waits until the Ray cluster counts enou
 nodes (no deadline of its own: the supervisor's startup timeout bounds it); then replaces
 itself with the main process, so the recorded pid is the engine's own.
 
-PLAN is the JSON file the supervisor wrote (see llmgw.agent.plans.spawn_plan).
+PLAN is the JSON file the supervisor wrote (see llmgw.agent.spawn.spawn_plan).
 """
 
 from __future__ import annotations

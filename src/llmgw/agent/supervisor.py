@@ -32,8 +32,8 @@ from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_he
 from llmgw.agent.inflight import changed as inflight_changed
 from llmgw.agent.inflight import read_in_flight
 from llmgw.agent.logtail import tail_lines
-from llmgw.agent.plans import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
+from llmgw.agent.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.startup_deadline import StartupDeadline
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
