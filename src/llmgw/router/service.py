@@ -338,7 +338,9 @@ class Router:
             streaming = body.get("stream") is True
             send_body = None
             if self.key_table.in_use:
-                send_body = usage_body(body, req.body) if streaming else None
+                # An HTTP/1.0 client's stream comes unchunked: the usage event could not be
+                # taken out, so the engine is not asked for it (its tokens go uncounted).
+                send_body = usage_body(body, req.body) if streaming and not client.http10 else None
                 tap = UsageTap(stream=streaming, strip=send_body is not None)
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
             gate = self.gates.get(m)
