@@ -32,6 +32,8 @@ PURE = [
     "llmgw.agent.engines.ray",
     "llmgw.agent.engines.simulated",
     "llmgw.agent.engines.plan",
+    "llmgw.agent.engines.build",
+    "llmgw.agent.engines",
     "llmgw.agent.engines.env",
     "llmgw.agent.discovery.nvidia_smi",
     "llmgw.agent.discovery.mountinfo",
