@@ -83,3 +83,8 @@ class Throttle:
         else:
             logger.log(level, fmt, *clipped, exc_info=exc_info)
         return True
+
+    def bug(self, logger: logging.Logger, key: Hashable, fmt: str, *args: object) -> bool:
+        """A failure of ours, inside an `except`: at ERROR with its traceback, rate-limited
+        per key like any other line (a peer that triggers it again and again fills no disk)."""
+        return self.log(logger, logging.ERROR, key, fmt, *args, exc_info=True)

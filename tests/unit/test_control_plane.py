@@ -152,6 +152,22 @@ def test_throttle_lets_a_few_through_then_one_per_period_with_the_count() -> Non
     assert t.allow("q") == (True, 0)  # another peer has its own budget
 
 
+def test_a_bug_is_logged_with_its_traceback_and_throttled(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    t = Throttle(burst=2, period=60.0, clock=lambda: 0.0)
+    logger = logging.getLogger("test.bug")
+    with caplog.at_level(logging.ERROR, logger="test.bug"):
+        for _ in range(4):
+            try:
+                raise ValueError("boom")
+            except ValueError:
+                t.bug(logger, "k", "handling %s failed", "x")
+    assert [r.getMessage() for r in caplog.records] == ["handling x failed"] * 2
+    assert all(r.levelno == logging.ERROR and r.exc_info and r.exc_info[0] is ValueError
+               for r in caplog.records)
+
+
 def test_throttle_keeps_a_bounded_number_of_keys() -> None:
     t = Throttle(max_keys=100)
     for i in range(10_000):

@@ -75,8 +75,7 @@ class _Listener:
                 log.debug("%s: connection ended: %s", self.name, exc)
             except Exception:
                 # A bug of ours costs this connection, never the daemon.
-                self.throttle.log(log, logging.ERROR, "bug", "%s: a request failed", self.name,
-                                  exc_info=True)
+                self.throttle.bug(log, "bug", "%s: a request failed", self.name)
             finally:
                 self.slots.release()
 
@@ -97,8 +96,7 @@ class _Listener:
                 try:
                     resp = await handler(got)
                 except Exception:
-                    self.throttle.log(log, logging.ERROR, "handler", "%s: %s failed", self.name,
-                                      got.path, exc_info=True)
+                    self.throttle.bug(log, "handler", "%s: %s failed", self.name, got.path)
                     resp = plain(500, "internal error; see the daemon's log")
         else:
             resp = got

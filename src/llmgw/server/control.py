@@ -156,6 +156,12 @@ class ControlPlane:
     def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
 
+    def bug(self, key: str, fmt: str, *args: object) -> None:
+        """Inside an `except`: a failure of ours, counted (`failed`, a metric) and logged with
+        its traceback, at most a few lines per key a minute."""
+        self.failed += 1
+        self.throttle.bug(log, (key, "failed"), fmt, *args)
+
     # ---- inbound ----
 
     def role_of(self, uid: str) -> str:
@@ -309,9 +315,7 @@ class ControlPlane:
         except LlmgwError as exc:
             return Reply(req.request_id, False, error=str(exc))
         except Exception:
-            self.failed += 1
-            self.throttle.log(log, logging.ERROR, (peer.key, "failed"), "request %s from %s %s failed",
-                              name, peer.role, peer.identity, exc_info=True)
+            self.bug(peer.key, "request %s from %s %s failed", name, peer.role, peer.identity)
             return Reply(req.request_id, False, error="internal error; see the server's log")
         if inspect.isawaitable(result):
             self.deferred.append((peer.routing_id, req.request_id, result))

@@ -315,9 +315,7 @@ async def run_plane(
         except LlmgwError as exc:
             reply = Reply(request_id, False, error=str(exc))
         except Exception:
-            cp.failed += 1
-            cp.throttle.log(log, logging.ERROR, (rid, "failed"), "request %s failed", request_id,
-                            exc_info=True)
+            cp.bug(str(rid), "request %s failed", request_id)
             reply = Reply(request_id, False, error="internal error; see the server's log")
         if (rid, request_id) not in pending:
             return  # answered NotLeader already: the term ended while this was under way
@@ -341,10 +339,7 @@ async def run_plane(
                         on_rare_request()
                     transport.send_all(cp.handle(rid, uid, payload, now))
                 except Exception:
-                    cp.failed += 1
-                    cp.throttle.log(log, logging.ERROR, (uid, "failed"),
-                                    "handling a message from %s failed (message dropped)", uid,
-                                    exc_info=True)
+                    cp.bug(uid, "handling a message from %s failed (message dropped)", uid)
             while cp.deferred:
                 nursery.start_soon(finish, *cp.deferred.pop(0))
             # A flood must not starve the ticker or the deferred requests; a trickle
