@@ -131,17 +131,3 @@ async def send_all(sock: socket.socket, data: bytes) -> None:
         except OSError as exc:
             raise _error(exc) from exc
         view = view[sent:]
-
-
-async def wait_closed(sock: socket.socket) -> bytes:
-    """Wait until the peer sends something: b"" when it closed, else the bytes."""
-    while True:
-        try:
-            return sock.recv(RECV)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.EBADF:
-                raise trio.ClosedResourceError("socket was already closed") from exc
-            return b""
-        await wait_readable(sock)
