@@ -49,7 +49,14 @@ def _plans() -> dict[str, tuple[str, ...]]:
         assert argv[0] == VLLM and argv[1] == "serve", argv
         out[name] = argv[1:]
     out["single-lora"] = _lora_plan().main.argv[1:]
+    out["single-sleep"] = _sleep_plan(None).main.argv[1:]
+    out["mp-rank1-sleep"] = _sleep_plan(1).main.argv[1:]
     return out
+
+
+def _sleep_plan(rank: int | None) -> LaunchPlan:
+    return build_plan(attrs.evolve(_spec(rank), sleep_mode=True), _config("mp"),
+                      "/var/lib/llmgw-agent", gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
 
 
 def _lora_plan() -> LaunchPlan:
@@ -99,6 +106,21 @@ def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict])
     lora = parsed["single-lora"]["args"]
     assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 2, 32)
     assert single["enable_lora"] is None  # no adapters: LoRA stays off
+    # autoscale.sleep_when_idle: sleep mode on every rank (the workers hold the memory).
+    assert parsed["single-sleep"]["args"]["enable_sleep_mode"] is True
+    assert parsed["mp-rank1-sleep"]["args"]["enable_sleep_mode"] is True
+    assert single["enable_sleep_mode"] is False
+
+
+def test_vllm_serves_the_sleep_endpoints_under_the_sleep_plans_env(vllm_venv: Path) -> None:
+    """vLLM's envs.py reads the plan's environment as dev mode, without which
+    serve/dev/sleep (POST /sleep, /wake_up, GET /is_sleeping) is never mounted."""
+    env = {k: v for k, v in _sleep_plan(None).main.env.items() if k.startswith("VLLM_")}
+    code = "import vllm.envs as e; print(e.VLLM_SERVER_DEV_MODE)"
+    r = subprocess.run([str(vllm_venv / "bin" / "python"), "-c", code], env={"PATH": "/usr/bin:/bin", **env},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
 
 
 def test_vllm_reads_the_lora_plans_runtime_updating_switch(vllm_venv: Path) -> None:

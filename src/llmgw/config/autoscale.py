@@ -10,7 +10,8 @@ from llmgw.config.duration import duration_from_value
 from llmgw.errors import DeploymentError
 from llmgw.model.autoscale import Autoscale, Target
 
-_KEYS = ("min", "max", "scale_up_after", "scale_down_after", "idle_to_zero", *(str(t) for t in Target))
+_KEYS = ("min", "max", "scale_up_after", "scale_down_after", "idle_to_zero", "sleep_when_idle",
+         *(str(t) for t in Target))
 MAX_REPLICAS = 100_000
 
 
@@ -64,6 +65,12 @@ def parse_autoscale(raw: Any, source: str) -> Autoscale:
                          "replica stops), e.g. idle_to_zero: 30m")
     if idle and lo:
         raise err("idle_to_zero", f"needs min: 0 (min is {lo}: the count never goes below it)")
+    sleep = raw.get("sleep_when_idle", False)
+    if not isinstance(sleep, bool):
+        raise err("sleep_when_idle", f"expected true or false, got {sleep!r}")
+    if sleep and not idle:
+        raise err("sleep_when_idle", "needs idle_to_zero (how long without a request before "
+                                     "the replica sleeps) and min: 0")
     return Autoscale(
         min=lo,
         max=hi,
@@ -72,4 +79,5 @@ def parse_autoscale(raw: Any, source: str) -> Autoscale:
         scale_up_after=duration("scale_up_after", 15.0),
         scale_down_after=duration("scale_down_after", 300.0),
         idle_to_zero=idle,
+        sleep_when_idle=sleep,
     )

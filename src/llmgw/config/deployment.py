@@ -140,6 +140,8 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         if not auto.min <= replicas <= auto.max:
             raise err("replicas", f"{replicas} is outside autoscale's min..max ({auto.min}..{auto.max}): "
                       "with autoscale, replicas is the count to start from")
+        if auto.sleep_when_idle and engine is EngineKind.SGLANG:  # vLLM's (and its copy's)
+            raise DeploymentError(source, "autoscale.sleep_when_idle", f"vLLM engines only, not {engine}")
     if "priority" in data:
         p = data["priority"]
         if isinstance(p, bool) or not isinstance(p, int) or not -MAX_PRIORITY <= p <= MAX_PRIORITY:

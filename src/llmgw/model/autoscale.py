@@ -8,11 +8,18 @@ and `max`. Pure data; the decision is server/autoscale.py's.
       scale_up_after: 15s          # the need must last this long before a step up
       scale_down_after: 5m         # ... and the lower need this long before a step down
       idle_to_zero: 30m            # off unless set: no request for this long -> 0 replicas
+      sleep_when_idle: true        # vLLM only: the engine starts with sleep mode enabled
 
 With `autoscale` set, the deployment's `replicas` is the current count, which the server
 moves. `min: 0` and `idle_to_zero` go together: while requests come the count stays at
 one or more; after `idle_to_zero` without any, it goes to zero, and the next request
 wakes it.
+
+`sleep_when_idle` (vLLM only, with `idle_to_zero`) starts the engines with vLLM's sleep
+mode (`--enable-sleep-mode`, the /sleep, /wake_up and /is_sleeping endpoints served with
+VLLM_SERVER_DEV_MODE=1), so that an idle replica may free its GPU memory and keep its
+process. Unlike the rest of this section it shapes the engine (vLLM takes sleep mode only
+at start), so it is part of the deployment's template_hash: turning it on or off rolls.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class Autoscale:
     scale_up_after: float = 15.0  # seconds
     scale_down_after: float = 300.0  # seconds
     idle_to_zero: float = 0.0  # seconds without a request before going to zero; 0: never
+    sleep_when_idle: bool = False  # engines start with vLLM's sleep mode (shapes the engine)
 
     def plain(self) -> dict[str, Any]:
         """As a deployment file holds it (the inverse of config/deployment.py's parsing)."""
@@ -52,4 +60,6 @@ class Autoscale:
         }
         if self.idle_to_zero:
             out["idle_to_zero"] = self.idle_to_zero
+        if self.sleep_when_idle:
+            out["sleep_when_idle"] = True
         return out

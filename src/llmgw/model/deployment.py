@@ -112,6 +112,11 @@ class Deployment:
         return "" if mode == "off" else mode
 
     @property
+    def sleep_mode(self) -> bool:
+        """Its engines start with vLLM's sleep mode (autoscale.sleep_when_idle)."""
+        return self.autoscale is not None and self.autoscale.sleep_when_idle
+
+    @property
     def lora_slots(self) -> int:
         """--max-loras of its engines; 0: LoRA not enabled."""
         if self.max_loras:
@@ -189,12 +194,18 @@ class Deployment:
             data["lora"] = [self.lora_slots, self.max_lora_rank]
             if self.engine not in RUNTIME_ADAPTERS:
                 data["adapters"] = [[a.name, a.path] for a in self.adapters]
+        # vLLM takes sleep mode only at start: the one autoscale setting that shapes the
+        # engine. A key only when set, so that every hash from before stands.
+        if self.sleep_mode:
+            data["sleep_mode"] = True
         raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
 
 class ReplicaState(enum.StrEnum):
     PENDING = "pending"  # not placed (unschedulable for now, reason given)
+    # Placed; its members' launchers run the pre-flight probe (issue 22) before the engines.
+    PREFLIGHT = "preflight"
     STARTING = "starting"  # placed; engines not all ready yet
     READY = "ready"
     UNHEALTHY = "unhealthy"  # an engine answers badly
@@ -328,6 +339,7 @@ class Replica:
                     adapters=d.adapters,
                     max_loras=d.lora_slots,
                     max_lora_rank=d.max_lora_rank,
+                    sleep_mode=d.sleep_mode,
                 )
             )
         return tuple(out)

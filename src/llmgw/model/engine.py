@@ -92,10 +92,17 @@ class EngineSpec:
     adapters: tuple[Adapter, ...] = ()
     max_loras: int = 0
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    # vLLM's sleep mode (autoscale.sleep_when_idle): --enable-sleep-mode at start, and
+    # VLLM_SERVER_DEV_MODE=1, without which vLLM serves no /sleep or /wake_up.
+    sleep_mode: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.replica_id, self.generation)
+
+
+# EngineReport.preflight while the member's launcher runs the probe.
+PREFLIGHT_RUNNING = "running"
 
 
 class EngineState(enum.StrEnum):
@@ -138,3 +145,9 @@ class EngineReport:
     # requests only where it is loaded), and "name: why" for each it could not load.
     adapters: tuple[str, ...] = ()
     adapter_errors: tuple[str, ...] = ()
+    # The pre-flight before the engine (issue 22), one line: "" (none asked, or an agent
+    # from before), "running", "passed: gloo x2, 4 MiB at 1.15 GB/s bus bandwidth, in
+    # 2.0s" or "failed: <why>" (agent/preflight_report.py); and the passed probe's bus
+    # bandwidth at its largest size, GB/s (0: none measured).
+    preflight: str = ""
+    preflight_busbw_gbps: float = 0.0

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+import urllib.parse
 import uuid
 from typing import Any
 
@@ -62,6 +63,11 @@ class SimEngine:
         self.waiting = 0
         self.generated = 0  # tokens sent, for vllm:generation_tokens_total
         self.dead_reason = ""  # set when the gang broke: /health answers 503
+        # vLLM's sleep mode: while asleep its scheduler is paused (PAUSED_NEW): new requests
+        # are queued, not refused, and run once woken (v1/engine/core.py pause_scheduler).
+        self.sleep_level = 0  # 0: awake
+        self._awake = trio.Event()
+        self._awake.set()
         self._slots = trio.Semaphore(max(1, args.max_running))
         # LoRA adapters loaded, name -> path. vLLM loads --lora-modules before it serves
         # and will not start when one fails (OpenAIServingModels.init_static_loras).
@@ -83,6 +89,10 @@ class SimEngine:
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/embeddings"): self._embeddings,
         }
+        if self.args.dev_mode:  # vLLM mounts these only then (serve/dev/sleep/api_router.py)
+            routes[("POST", "/sleep")] = self._sleep
+            routes[("POST", "/wake_up")] = self._wake_up
+            routes[("GET", "/is_sleeping")] = self._is_sleeping
         if self.args.runtime_lora:  # vLLM mounts these only then (serve/lora/api_router.py)
             routes[("POST", "/v1/load_lora_adapter")] = self._load_adapter
             routes[("POST", "/v1/unload_lora_adapter")] = self._unload_adapter
@@ -121,6 +131,42 @@ class SimEngine:
         if self.dead_reason:
             raise BadRequest(f"engine dead: {self.dead_reason}", 500, "EngineDeadError")
         return body
+
+    # -- sleep mode -----------------------------------------------------------------
+    @property
+    def asleep(self) -> bool:
+        return not self._awake.is_set()
+
+    async def _sleep(self, ex: Exchange) -> None:
+        raw = _query(ex.target).get("level", "1")
+        try:
+            level = int(raw)
+        except ValueError:
+            level = -1
+        if not 0 <= level <= 2:
+            # FastAPI's Query(ge=0, le=2), answered by vLLM's validation handler.
+            raise BadRequest(f"query.level: expected an integer from 0 to 2, got {raw!r}")
+        if level >= 1 and not self.args.sleep_mode:
+            # vLLM's worker refuses to free memory it did not allocate with cumem.
+            raise BadRequest("Sleep mode is not enabled in the model config", 500,
+                             "InternalServerError")
+        # Mode "abort" (vLLM's default) aborts what runs; the autoscaler sleeps an idle
+        # engine only, and this copy lets what runs finish.
+        if self._awake.is_set():
+            self._awake = trio.Event()
+        self.sleep_level = level
+        log.info("asleep at level %d", level)
+        await ex.send_json(200, {"status": "sleeping", "level": level})
+
+    async def _wake_up(self, ex: Exchange) -> None:
+        tags = _query(ex.target, every=True).get("tags")
+        self.sleep_level = 0
+        self._awake.set()
+        log.info("awake")
+        await ex.send_json(200, {"status": "awake", "tags": tags or None})
+
+    async def _is_sleeping(self, ex: Exchange) -> None:
+        await ex.send_json(200, {"is_sleeping": self.asleep})
 
     # -- plain endpoints ----------------------------------------------------------
     async def _health(self, ex: Exchange) -> None:
@@ -283,6 +329,7 @@ class SimEngine:
         created = int(time.time())
         self.waiting += 1
         try:
+            await self._awake.wait()  # queued while asleep, as vLLM's paused scheduler does
             await self._slots.acquire()
         finally:
             self.waiting -= 1
@@ -394,6 +441,18 @@ class SimEngine:
             await ex.send_body(chunk({}, _usage(prompt_tokens, n)))
         await ex.send_body(b"data: [DONE]\n\n")
         await ex.end()
+
+
+def _query(target: str, *, every: bool = False) -> dict[str, Any]:
+    """A request target's query parameters: the last value of each, or (every) the list."""
+    _, _, query = target.partition("?")
+    pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    if every:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            out.setdefault(k, []).append(v)
+        return out
+    return dict(pairs)
 
 
 def _usage(prompt_tokens: int, n: int) -> dict[str, int]:

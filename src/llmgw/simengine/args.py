@@ -62,6 +62,10 @@ class SimArgs:
     max_lora_rank: int = 16
     lora_modules: tuple[tuple[str, str], ...] = ()
     runtime_lora: bool = False
+    # vLLM's sleep mode: --enable-sleep-mode, and /sleep, /wake_up, /is_sleeping served only
+    # with VLLM_SERVER_DEV_MODE (read as vLLM 0.32's envs.py does: bool(int(value))).
+    sleep_mode: bool = False
+    dev_mode: bool = False
     unknown: tuple[str, ...] = ()
 
     @property
@@ -116,6 +120,7 @@ def _parser() -> _Parser:
     p.add_argument("--max-loras", type=int, default=1)
     p.add_argument("--max-lora-rank", type=int, default=16)
     p.add_argument("--lora-modules", nargs="+", default=())
+    p.add_argument("--enable-sleep-mode", action="store_true")
     # SGLang shape
     p.add_argument("--model-path", default=None)
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=None)
@@ -209,5 +214,14 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
         max_lora_rank=ns.max_lora_rank,
         lora_modules=tuple(_lora_module(m) for m in ns.lora_modules),
         runtime_lora=env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
+        sleep_mode=ns.enable_sleep_mode,
+        dev_mode=_dev_mode(env.get("VLLM_SERVER_DEV_MODE", "0")),
         unknown=tuple(unknown),
     )
+
+
+def _dev_mode(raw: str) -> bool:
+    try:
+        return bool(int(raw or "0"))
+    except ValueError:  # vLLM dies on it at start: so does its copy
+        raise UsageError(f"simengine: VLLM_SERVER_DEV_MODE must be an integer, got {raw!r}") from None

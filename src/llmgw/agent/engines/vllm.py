@@ -25,6 +25,10 @@ LAUNCH_MODES = ("ray", "mp")
 # vLLM (0.32 envs.py) mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with
 # this set ("1" or "true", any case; entrypoints/serve/lora/api_router.py).
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# vLLM (0.32 envs.py: bool(int(value))) mounts /sleep, /wake_up and /is_sleeping only
+# with this set (entrypoints/launchers/api_server/routers.py -> serve/dev/sleep).
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+SLEEP_FLAG = "--enable-sleep-mode"
 
 
 def lora_flags(spec: EngineSpec) -> tuple[str, ...]:
@@ -106,6 +110,12 @@ def vllm_plan(
         spec = evolve(spec, args=("--download-dir", download_dir, *spec.args))
     if spec.max_loras and RUNTIME_LORA_ENV not in env:
         env = {**env, RUNTIME_LORA_ENV: "True"}
+    if spec.sleep_mode:
+        # On every rank (the workers hold the memory it frees), and the endpoints with it:
+        # the flag alone frees nothing anyone can ask for, so this env wins over the
+        # deployment's own.
+        spec = evolve(spec, args=(SLEEP_FLAG, *spec.args))
+        env = {**env, DEV_MODE_ENV: "1"}
     gang = spec.gang
     if gang is None or gang.nnodes <= 1:
         argv = single_node_argv(engine, spec, config)

@@ -1,0 +1,94 @@
+"""autoscale.sleep_when_idle (issue 25): the setting, strictly parsed; part of the engine
+(template_hash); vLLM's plans start with sleep mode and the dev-mode endpoints; the
+simulated engine reads the same flag and variable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from llmgw.agent.engines import build_plan
+from llmgw.agent.engines.vllm import DEV_MODE_ENV, SLEEP_FLAG
+from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
+from llmgw.config.deployment import parse_deployment
+from llmgw.errors import DeploymentError, UsageError
+from llmgw.model.deployment import Member, Replica
+from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+from llmgw.simengine.args import parse_args
+
+AUTO = {"min": 0, "max": 2, "in_flight_per_replica": 4, "idle_to_zero": "10m"}
+IDX = {"GPU-aaaa": 0}
+
+
+def deployment(engine: str = "vllm", **auto: Any) -> dict[str, Any]:
+    return {"name": "a", "model": "org/m", "engine": engine, "gpus_per_node": 1, "replicas": 1,
+            "autoscale": {**AUTO, **auto}}
+
+
+def test_sleep_when_idle_parses_round_trips_and_rolls_the_engines() -> None:
+    d = parse_deployment(deployment(sleep_when_idle=True), "a.yaml")
+    assert d.autoscale is not None and d.autoscale.sleep_when_idle and d.sleep_mode
+    assert parse_deployment(d.plain(), "again") == d
+    off = parse_deployment(deployment(), "a.yaml")
+    assert not off.sleep_mode and "sleep_when_idle" not in off.plain()["autoscale"]
+    # vLLM takes sleep mode only at start: the flag shapes the engine, so it rolls...
+    assert d.template_hash() != off.template_hash()
+    # ... while the rest of autoscale does not, and off leaves every hash from before.
+    assert off.template_hash() == parse_deployment({**deployment(), "autoscale": None}, "a").template_hash()
+    member = (Member("n1", 0, ("GPU-a",), 20001, "10.0.0.1"),)
+    assert [s.sleep_mode for s in Replica("a-0", "a", 0, d, members=member).engine_specs()] == [True]
+    assert [s.sleep_mode for s in Replica("a-0", "a", 0, off, members=member).engine_specs()] == [False]
+    assert parse_deployment(deployment("simulated", sleep_when_idle=True), "a.yaml").sleep_mode
+
+
+@pytest.mark.parametrize(("data", "key", "words"), [
+    (deployment(sleep_when_idle="yes"), "autoscale.sleep_when_idle", "true or false"),
+    ({**deployment(sleep_when_idle=True), "autoscale": {"max": 2, "in_flight_per_replica": 4,
+                                                        "sleep_when_idle": True}},
+     "autoscale.sleep_when_idle", "needs idle_to_zero"),
+    (deployment("sglang", sleep_when_idle=True), "autoscale.sleep_when_idle", "vLLM engines only"),
+])
+def test_bad_sleep_settings_are_one_line(data: dict[str, Any], key: str, words: str) -> None:
+    with pytest.raises(DeploymentError) as info:
+        parse_deployment(data, "deploy/a.yaml")
+    assert info.value.key == key and words in str(info.value) and info.value.exit_code == 2
+    assert "\n" not in str(info.value)
+
+
+def _config() -> AgentConfig:
+    return AgentConfig(node_id="n1", server="tcp://10.0.0.9:5555", keys=KeysConfig("s", "p"),
+                       mgmt_addr="10.0.0.2",
+                       engines=EnginesConfig(vllm=VllmConfig(bin="/opt/vllm/bin/vllm", launch_mode="mp"),
+                                             simulated_python="/usr/bin/python3"))
+
+
+def _spec(kind: EngineKind, rank: int | None = None, sleep: bool = True, **kw: Any) -> EngineSpec:
+    gang = None if rank is None else GangSpec(2, rank, "10.0.0.1", 29600)
+    return EngineSpec("r1", 1, "a", "/models/m", "a", kind, ("GPU-aaaa",), 20001, gang=gang,
+                      sleep_mode=sleep, **kw)
+
+
+@pytest.mark.parametrize("rank", [None, 0, 1])
+@pytest.mark.parametrize("kind", [EngineKind.VLLM, EngineKind.SIMULATED])
+def test_plans_start_with_sleep_mode_and_its_endpoints(kind: EngineKind, rank: int | None) -> None:
+    plan = build_plan(_spec(kind, rank), _config(), "/w", gpu_indices=IDX)
+    assert SLEEP_FLAG in plan.main.argv and plan.main.env[DEV_MODE_ENV] == "1"
+    plain = build_plan(_spec(kind, rank, sleep=False), _config(), "/w", gpu_indices=IDX)
+    assert SLEEP_FLAG not in plain.main.argv and DEV_MODE_ENV not in plain.main.env
+
+
+def test_dev_mode_wins_over_the_deployments_env() -> None:
+    """Sleep mode without the endpoints frees nothing llmgw can ask for."""
+    plan = build_plan(_spec(EngineKind.VLLM, env={DEV_MODE_ENV: "0"}), _config(), "/w", gpu_indices=IDX)
+    assert plan.main.env[DEV_MODE_ENV] == "1"
+
+
+def test_the_simulated_engine_reads_the_flag_and_dev_mode_as_vllm_does() -> None:
+    a = parse_args(["serve", "m", "--enable-sleep-mode"], {DEV_MODE_ENV: "1"})
+    assert a.sleep_mode and a.dev_mode and a.unknown == ()
+    b = parse_args(["serve", "m"], {DEV_MODE_ENV: "0"})
+    assert not b.sleep_mode and not b.dev_mode
+    assert parse_args(["serve", "m"], {DEV_MODE_ENV: "2"}).dev_mode  # bool(int(value))
+    with pytest.raises(UsageError, match="VLLM_SERVER_DEV_MODE must be an integer"):
+        parse_args(["serve", "m"], {DEV_MODE_ENV: "true"})
