@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from fakes import nvidia_smi as fake
 from fakes.sysfs import _switch, add_hca, hca_device, pcie_tree
 from llmgw.agent.discovery.discover import discover
-from llmgw.agent.discovery.pcie import link_kind
 from llmgw.agent.engines import build_plan
 from llmgw.agent.spawn import default_plan
 from llmgw.config.agent import (
@@ -28,6 +27,7 @@ from llmgw.model.affinity import TIERS, for_member, link, nearest_hcas
 from llmgw.model.deployment import Member
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 from llmgw.model.inventory import Hca, IbPort, Inventory
+from llmgw.model.pcie import link_kind
 from llmgw.server.fabrics import member_nics
 
 # Two sockets, one host bridge and one PCIe switch each; under each switch two GPUs and

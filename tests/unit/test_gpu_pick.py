@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes.sysfs import EIGHT_GPU_NUMA, eight_gpu_layout
-from llmgw.agent.discovery.pcie import RANK, link_kind
 from llmgw.model.inventory import Gpu
+from llmgw.model.pcie import RANK, link_kind
 from llmgw.server.gpu_pick import pick_gpus
 
 

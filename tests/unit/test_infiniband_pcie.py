@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fakes.sysfs import EIGHT_GPU_NUMA, add_hca, eight_gpu_layout, hca_device, ib_tree, pcie_tree
 from llmgw.agent.discovery.infiniband import read_hcas
-from llmgw.agent.discovery.pcie import link_kind
+from llmgw.model.pcie import link_kind
 
 
 def test_hca_pci_path_and_numa_node(tmp_path: Path) -> None:

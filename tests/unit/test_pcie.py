@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from fakes.sysfs import EIGHT_GPU_NUMA, eight_gpu_layout, pcie_tree
 from llmgw.agent.discovery.pcie import (
-    link_kind,
     numa_node,
     parse_pci_path,
     pci_path,
     sysfs_name,
 )
+from llmgw.model.pcie import link_kind
 
 # The bus ids NVML gives for the layout's devices: 8-digit domain, upper case.
 LAYOUT = eight_gpu_layout()

@@ -52,6 +52,7 @@ PURE = [
     "llmgw.model.apikey",
     "llmgw.model.usage",
     "llmgw.model.leases",
+    "llmgw.model.pcie",
     "llmgw.server.leases",
     "llmgw.router.wallet",
     "llmgw.server.autoscale",

@@ -8,8 +8,8 @@ switch (PIX), cascaded switches (PXB), one host bridge (PHB), one NUMA node (NOD
 (SYS, or unknown). Ties are spread: two GPUs under one switch with two HCAs get one each.
 
 Both the agent (for the engine's environment) and the server (for `describe replica`)
-compute it from the same inventory, so it lives in model/ and reads the paths itself
-rather than importing the agent's pcie.link_kind; a unit test checks the two agree.
+compute it from the same inventory, so it lives in model/, beside model/pcie.py's
+link_kind, which it reads the tiers with.
 An HCA with no active port ranks behind every active one: while a port is down its GPUs
 use the next nearest, and the placement avoids it where it can.
 """
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from attrs import frozen
 
 from llmgw.model.inventory import Gpu, Hca
+from llmgw.model.pcie import link_kind
 
 TIERS = ("PIX", "PXB", "PHB", "NODE", "SYS", "")  # nearest first; "" unknown
 
@@ -45,22 +46,11 @@ class GpuHca:
 
 def link(a: tuple[str, ...], b: tuple[str, ...], numa_a: int | None, numa_b: int | None) -> str:
     """How two devices are linked, from their PCIe ancestries (host bridge first) and NUMA
-    nodes: the same answer as llmgw.agent.discovery.pcie.link_kind, except that a pair
-    whose paths are unknown but whose NUMA nodes are known is still NODE or SYS."""
+    nodes: model/pcie.py's link_kind, except that a pair whose paths are unknown but whose
+    NUMA nodes are known is still NODE or SYS, and one path for both counts as PIX."""
     if a and b:
-        if a == b:
-            return "PIX"
-        common = 0
-        for x, y in zip(a, b, strict=False):
-            if x != y:
-                break
-            common += 1
-        if common >= 2:
-            if common == len(a) or common == len(b):
-                return "PIX"
-            return "PIX" if len(a) - common <= 2 and len(b) - common <= 2 else "PXB"
-        if common == 1:
-            return "PHB"
+        kind = link_kind(a, b, numa_a, numa_b)
+        return "PIX" if kind == "X" else kind
     if numa_a is None or numa_b is None:
         return ""
     return "NODE" if numa_a == numa_b else "SYS"
