@@ -4,7 +4,9 @@ A fixed 600 s from spawn restarts a 70B model in a loop (≈140 GB of bf16 weigh
 ≈470 s at 300 MB/s before torch.compile and CUDA-graph capture even begin). Instead:
 
 - progress extends the deadline: while the engine's log grows (loading bars, compile
-  and capture messages), it gets the spec's `startup_timeout` again from the last growth;
+  and capture messages), or its download of the weights grows on disk (the hub client
+  logs nothing to a file while it fetches 140 GB), it gets the spec's `startup_timeout`
+  again from the last growth;
 - the weights set a floor: `startup_timeout` + their size read at WEIGHTS_READ_RATE;
 - a hard cap bounds the extension, so that an engine that logs a warning forever while
   never serving is still given up on.
@@ -36,20 +38,23 @@ class StartupDeadline:
     cap: float  # seconds from `began`: given up on at the latest
     last_progress: float
     last_size: int
+    last_downloaded: int = 0  # bytes of the weights' download on disk (download_progress)
 
     @classmethod
     def start(cls, began: float, timeout: float, *, cap: float, size_bytes: int = 0,
-              log_size: int = 0) -> StartupDeadline:
+              log_size: int = 0, downloaded: int = 0) -> StartupDeadline:
         floor = weights_floor(timeout, size_bytes)
         # The weights' floor wins over the cap: a model whose mere read takes longer than
         # the cap would otherwise never start anywhere.
-        return cls(began, timeout, floor, max(cap, floor), began, log_size)
+        return cls(began, timeout, floor, max(cap, floor), began, log_size, downloaded)
 
-    def observe(self, log_size: int, now: float) -> StartupDeadline:
-        """A new sample of the log's size; any change is progress (a rotation shrinks it)."""
-        if log_size == self.last_size:
+    def observe(self, log_size: int, now: float, downloaded: int = 0) -> StartupDeadline:
+        """A new sample of the log's size and the download's bytes on disk; any change of
+        either is progress (a rotation shrinks the log, a finished file's rename may
+        shrink the download's listing for a moment)."""
+        if log_size == self.last_size and downloaded == self.last_downloaded:
             return self
-        return evolve(self, last_progress=now, last_size=log_size)
+        return evolve(self, last_progress=now, last_size=log_size, last_downloaded=downloaded)
 
     @property
     def deadline(self) -> float:

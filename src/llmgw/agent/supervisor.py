@@ -23,6 +23,7 @@ from llmgw.agent.bad_copies import unreadable_reason
 from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
+from llmgw.agent.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
 from llmgw.agent.engine_states import FAILING, EngineEvent, Phase, next_state, reported
 from llmgw.agent.engines import LaunchPlan, weights_for
 from llmgw.agent.gpu_claims import check_gpus
@@ -54,6 +55,9 @@ RELEASE_POLL = 1.0
 # refused; the driver frees a process's memory a moment after the process is gone.
 START_RELEASE_WAIT = 3.0
 START_RELEASE_POLL = 0.25
+# Seconds between reports of a download's bytes on disk (each a message to the server):
+# often enough that `describe` moves, seldom enough to cost nothing at a hundred engines.
+DOWNLOAD_REPORT_EVERY = 5.0
 
 Reading = Mapping[str, GpuMemory]
 
@@ -703,13 +707,28 @@ class Supervisor:
             except Exception as exc:  # the floor is a help, never a reason not to start
                 log.warning("engine %s: size of %s unknown: %s", eng.spec.replica_id,
                             eng.spec.model, exc)
-        clock = StartupDeadline.start(trio.current_time(), eng.spec.startup_timeout,
+        # An engine downloading its weights: the bytes on disk, reported and counted as
+        # progress (download_progress.py); "": it loads a copy, nothing to watch.
+        repo = self._download_repo(eng.spec)
+        began = trio.current_time()
+        progress = DownloadProgress.start(downloaded(read_listing(repo)) if repo else 0, began)
+        told = began
+        clock = StartupDeadline.start(began, eng.spec.startup_timeout,
                                       cap=self._sup.startup_max, size_bytes=size,
-                                      log_size=_size(eng.record.log_path))
+                                      log_size=_size(eng.record.log_path),
+                                      downloaded=progress.last_bytes)
 
         def deadline(now: float) -> float:
-            nonlocal clock
-            clock = clock.observe(_size(eng.record.log_path), now)
+            nonlocal clock, progress, told
+            if repo:
+                progress = progress.observe(downloaded(read_listing(repo)), now)
+                if now - told >= DOWNLOAD_REPORT_EVERY:
+                    told = now
+                    line = progress.line()
+                    if line != eng.report.download:
+                        eng.report = evolve(eng.report, download=line)
+                        self._call(eng.report)
+            clock = clock.observe(_size(eng.record.log_path), now, progress.last_bytes)
             return clock.deadline
 
         async def probe() -> bool:
@@ -751,6 +770,18 @@ class Supervisor:
         await watch_health(probe, interval=self._sup.health_interval,
                            startup_timeout=eng.spec.startup_timeout, on_event=on_event,
                            deadline=deadline)
+
+    def _download_repo(self, spec: EngineSpec) -> str:
+        """The HF cache folder the engine downloads `spec`'s weights into; "" when it loads
+        a copy (or a custom plan, with no scan to say)."""
+        if self._storage is None:
+            return ""
+        try:
+            weights = weights_for(spec, self._config, self._storage())
+        except LlmgwError as exc:  # the start already said why; no progress to show
+            log.debug("engine %s: no download to watch: %s", spec.replica_id, exc)
+            return ""
+        return repo_dir(weights.download_dir, spec.model) if weights.download_dir else ""
 
     async def _note_in_flight(self, eng: _Engine, host: str, port: int, timeout: float) -> None:
         """Read the engine's requests in flight; report when it moved between none, some

@@ -95,6 +95,9 @@ class EngineSpec:
     # vLLM's sleep mode (autoscale.sleep_when_idle): --enable-sleep-mode at start, and
     # VLLM_SERVER_DEV_MODE=1, without which vLLM serves no /sleep or /wake_up.
     sleep_mode: bool = False
+    # Wanted asleep now (POST /sleep; False: POST /wake_up): changes in place, same
+    # generation, as the adapters do.
+    asleep: bool = False
 
     @property
     def key(self) -> tuple[str, int]:
@@ -151,3 +154,7 @@ class EngineReport:
     # bandwidth at its largest size, GB/s (0: none measured).
     preflight: str = ""
     preflight_busbw_gbps: float = 0.0
+    # While the engine downloads its weights into download_dir (no copy on the node), the
+    # bytes on disk so far and the rate, one line: "12.3 GB on disk, 210 MB/s"
+    # (agent/download_progress.py). "": no download, or an agent from before.
+    download: str = ""
