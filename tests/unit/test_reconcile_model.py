@@ -65,6 +65,8 @@ class Cluster(RuleBasedStateMachine):
         self.engines: dict[str, dict[tuple[str, int], EngineState]] = {n: {} for n in NODES}
         # Requests each engine reports in flight (absent: -1, not known).
         self.in_flight: dict[tuple[str, int], int] = {}
+        # What each engine reports of its pre-flight (issue 22; absent: none asked).
+        self.probes: dict[tuple[str, int], str] = {}
         self.pending: dict[str, str] = {}
         # Whether the last event may lower the ready count (scale-down, loss, failures,
         # a spec change that has no room to surge), and the count before it.
@@ -81,7 +83,8 @@ class Cluster(RuleBasedStateMachine):
         """Deltas, as the orchestrator sends them: only what changed since last told."""
         for n, v in self.views.items():
             delta = NodeDelta(n, v, tuple(
-                EngineReport(rid, gen, st, in_flight=self.in_flight.get((rid, gen), -1))
+                EngineReport(rid, gen, st, in_flight=self.in_flight.get((rid, gen), -1),
+                             preflight=self.probes.get((rid, gen), ""))
                 for (rid, gen), st in sorted(self.engines[n].items())))
             if self.told_nodes.get(n) != delta:
                 self.state.node(delta)
@@ -195,6 +198,29 @@ class Cluster(RuleBasedStateMachine):
         self.engines[n][k] = state
         self.event(may_drop=state != EngineState.READY)
 
+    @rule(data=st.data(), outcome=st.sampled_from(["running", "running-live", "passed", "slow",
+                                                   "timeout"]))
+    def probe(self, data: st.DataObject, outcome: str) -> None:
+        """An engine's launcher runs the pre-flight (issue 22): still running, passed, or
+        failed (too slow, or timed out): the launcher exits 3 without starting the engine.
+        running-live: a member watched for liveness only, reported ready while its
+        launcher still probes. A member lost mid-probe is node_state's LOST while one runs."""
+        starting = sorted((n, k) for n in NODES for k, st in self.engines[n].items()
+                          if st == EngineState.STARTING)
+        if not starting:
+            return
+        n, k = data.draw(st.sampled_from(starting))
+        if outcome == "running-live":
+            self.engines[n][k] = EngineState.READY
+        if outcome in ("running", "running-live", "passed"):
+            self.probes[k] = "passed: gloo x2, in 1.0s" if outcome == "passed" else "running"
+            self.event(may_drop=False)
+            return
+        self.probes[k] = ("failed: bus bandwidth 0.4 GB/s is below 10 GB/s" if outcome == "slow"
+                          else "failed: timed out after 60s")
+        self.engines[n][k] = EngineState.EXITED
+        self.event(may_drop=True)
+
     @rule(data=st.data(), count=st.sampled_from([0, 2, -1]))
     def requests(self, data: st.DataObject, count: int) -> None:
         """An engine's agent reports its in-flight count: none, some, or not known."""
@@ -218,6 +244,8 @@ class Cluster(RuleBasedStateMachine):
             for n in NODES:
                 for k in self.engines[n]:
                     self.engines[n][k] = EngineState.READY
+                    if self.probes.get(k) == "running":
+                        self.probes[k] = "passed: gloo x2, in 1.0s"
             self.now += SETTINGS.backoff_cap + 1
         self.run_pass()
 
@@ -246,6 +274,19 @@ class Cluster(RuleBasedStateMachine):
         self.settle()
 
     # ---- what always holds ----
+
+    @invariant()
+    def nothing_serves_before_its_probe_passed(self) -> None:
+        """A replica whose member the server heard running its probe is not READY; one in
+        PREFLIGHT has such a member (or one whose node it cannot hear)."""
+        for r in self.replicas.values():
+            heard = [self.probes.get((r.id, r.generation), "") == "running"
+                     and self.views[m].state == NodeState.READY for m in r.node_ids]
+            if any(heard):
+                assert r.state not in (S.READY, S.UNHEALTHY, S.DRAINING), (r.id, r.state)
+            if r.state == S.PREFLIGHT:
+                assert any(heard) or any(self.views[m].state != NodeState.READY
+                                         for m in r.node_ids), r.id
 
     @invariant()
     def no_gpu_or_port_twice(self) -> None:

@@ -117,6 +117,7 @@ def render_status(st: dict[str, Any]) -> str:
             frows.append([f["name"], len(f.get("nodes", [])), f.get("gpus", 0),
                           "; ".join(models) or "no models"])
         out.append(table(["FABRIC", "NODES", "GPUS", "CAN SERVE"], frows))
+    out += fabric_preflight_lines(st.get("preflight"))
     islands = st.get("islands") or []
     if islands:
         out.append(f"islands (no fabric, single-node replicas only): {', '.join(islands)}")
@@ -221,6 +222,7 @@ def _describe_node(n: dict[str, Any]) -> str:
             for g in gpus]))
         lines += _gpu_notes(gpus)
     lines += _hca_notes(n.get("hcas") or [])
+    lines += fabric_preflight_lines(n.get("preflight"))
     for w in n.get("warnings", []):
         lines.append(f"warning: {w}")
     lines += ["", "Replicas:"]
@@ -262,6 +264,27 @@ def _nics(nics: object) -> list[str]:
     return out if len(out) > 1 else []
 
 
+def _member_preflight(p: object) -> list[str]:
+    """Each member's pre-flight (EngineReport.preflight, issue 22): node -> line."""
+    if not isinstance(p, dict) or not p:
+        return []
+    return ["Pre-flight:", *(f"  {node}: {line}" for node, line in sorted(p.items()))]
+
+
+def fabric_preflight_lines(p: object) -> list[str]:
+    """The last passed pre-flight per fabric (the server's "preflight": fabric -> {replica,
+    busbw_gbps, members}): one line each."""
+    if not isinstance(p, dict):
+        return []
+    out = []
+    for fabric, fig in sorted(p.items()):
+        if isinstance(fig, dict):
+            out.append(f"pre-flight on {fabric}: {fig.get('busbw_gbps', 0):.3g} GB/s bus bandwidth "
+                       f"(slowest member of {fig.get('replica', '?')}, "
+                       f"{', '.join(sorted(fig.get('members') or {}))})")
+    return out
+
+
 def _adapters(a: object) -> list[str]:
     """The LoRA adapters the head engine has loaded, and why any it should have is not
     (EngineReport.adapters / adapter_errors): a dict node -> {loaded, errors}."""
@@ -287,6 +310,7 @@ def _describe_replica(r: dict[str, Any]) -> str:
     lines += _weights(r.get("weights"))
     lines += _adapters(r.get("adapters"))
     lines += _nics(r.get("nics"))
+    lines += _member_preflight(r.get("preflight"))
     if r.get("replaces"):
         lines.append(f"Replaces:   {r['replaces']}")
     if r.get("pending"):

@@ -204,6 +204,8 @@ class Deployment:
 
 class ReplicaState(enum.StrEnum):
     PENDING = "pending"  # not placed (unschedulable for now, reason given)
+    # Placed; its members' launchers run the pre-flight probe (issue 22) before the engines.
+    PREFLIGHT = "preflight"
     STARTING = "starting"  # placed; engines not all ready yet
     READY = "ready"
     UNHEALTHY = "unhealthy"  # an engine answers badly

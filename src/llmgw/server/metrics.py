@@ -21,7 +21,7 @@ from llmgw import __version__
 from llmgw.model.deployment import Replica, ReplicaState
 from llmgw.model.inventory import Inventory
 from llmgw.model.node import NodeState
-from llmgw.server.status import GPU_STATES, gpu_state
+from llmgw.server.status import GPU_STATES, gpu_state, preflight_by_fabric
 from llmgw.server.usage_metrics import usage_families
 
 if TYPE_CHECKING:
@@ -205,6 +205,10 @@ class _Collector:
                                           "that lacked GPUs")
         auto_routers = GaugeMetricFamily("llmgw_server_autoscale_routers",
                                          "Routers whose load report is fresh (counted in the sums)")
+        preflight = GaugeMetricFamily(
+            "llmgw_server_preflight_busbw_gbps",
+            "Bus bandwidth (GB/s, at the probe's largest size, the slowest member's) of the last "
+            "replica placed on each fabric whose members all passed the pre-flight", labels=["fabric"])
         if o is not None:
             cp = o.cp
             a = o.autoscaler
@@ -243,6 +247,8 @@ class _Collector:
                 refusals.add_metric([reason], n)
             failures.add_metric([], cp.failed)
             failed_passes.add_metric([], o.failed_passes)
+            for fabric, fig in preflight_by_fabric(o).items():
+                preflight.add_metric([fabric], fig["busbw_gbps"])
         if live:
             for kind, n in sorted(self.m.sent().items()):
                 sent.add_metric([kind], n)
@@ -252,7 +258,7 @@ class _Collector:
             placed.add_metric([], self.m.placed)
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
-                    decisions, auto_desired, auto_load, auto_routers, preemptions)
+                    decisions, auto_desired, auto_load, auto_routers, preemptions, preflight)
         # Usage per API key × model and lease asks (issue 24): server/usage_metrics.py.
         # (getattr: the orchestrator stand-ins of the metrics tests carry no key store.)
         keys = getattr(o, "apikeys", None)

@@ -24,7 +24,8 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 
 LACK_OF_GPUS = "free GPU"  # in placement's reason: "0/3 nodes fit: 3 lacked 8 free GPUs"
 # Replicas holding GPUs (a pending one holds none).
-PLACED = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.UNHEALTHY})
+PLACED = frozenset({ReplicaState.PREFLIGHT, ReplicaState.STARTING, ReplicaState.READY,
+                    ReplicaState.UNHEALTHY})
 
 
 @frozen

@@ -255,16 +255,24 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
         p.place(p.unplace(r), exclude=frozenset(lost))
         return
     states: list[EngineState | None] = []
+    probes: list[str] = []  # each member's pre-flight as reported ("" unheard or none)
     failed: EngineReport | None = None
     for m in r.members:
         if p.node_state(m.node_id) != NodeState.READY:
             states.append(None)  # suspect: no news is not bad news
+            probes.append("")
             continue
         rep = p.state.report(m.node_id, r.id, r.generation)
         if rep is not None and rep.state in ENGINE_ENDED:
             failed = failed or rep
         states.append(rep.state if rep else EngineState.STARTING)
-    event = engines_event(r.state, states)
+        probes.append(rep.preflight if rep else "")
+    event = engines_event(r.state, states, probes)
+    if event == E.PREFLIGHT_RUNNING and r.state != S.PREFLIGHT:
+        p.event(r, f"pre-flight: the probe runs on {', '.join(r.node_ids)}")
+    elif r.state == S.PREFLIGHT and event not in (None, E.PREFLIGHT_RUNNING, E.FAILED):
+        p.event(r, "pre-flight " + "; ".join(f"{m.node_id} {pf or 'not heard'}"
+                                              for m, pf in zip(r.members, probes, strict=True)))
     if event == E.FAILED and failed is not None:
         _failed(p, r, failed)
         return

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from llmgw.errors import LlmgwError
 from llmgw.model.deployment import ReplicaState
+from llmgw.model.engine import PREFLIGHT_RUNNING as PROBE_RUNNING
 from llmgw.model.engine import EngineState
 
 
@@ -28,6 +29,10 @@ class ReplicaEvent(enum.StrEnum):
     ENGINES_READY = "engines_ready"  # every member's engine reports ready
     ENGINE_UNHEALTHY = "engine_unhealthy"  # a member's engine answers badly
     ENGINES_STARTING = "engines_starting"  # every member reported, not all ready yet
+    # A member reports its pre-flight probe running (issue 22): the engines wait on it.
+    # Passed everywhere: the members' engine states decide, as for any placed replica; a
+    # failed one ends the member's launcher (exit 3), which is FAILED.
+    PREFLIGHT_RUNNING = "preflight_running"
     NODE_BACK = "node_back"  # a held replica's lost node is back, its engines not all heard
     FAILED = "failed"  # a member's engine exited or failed: back off, then restart
     CRASH_LOOP = "crash_loop"  # failed again, past the crash-loop threshold
@@ -54,7 +59,10 @@ class InvalidReplicaTransition(LlmgwError):
 S = ReplicaState
 E = ReplicaEvent
 
-_PLACED_STATES = (S.STARTING, S.READY, S.UNHEALTHY, S.HELD)  # on nodes, engines wanted
+_PLACED_STATES = (S.PREFLIGHT, S.STARTING, S.READY, S.UNHEALTHY, S.HELD)  # on nodes, engines wanted
+# Where a probe can still be running: on the way up (a held one whose node came back
+# mid-probe). Not READY or UNHEALTHY: every member's engine ran, so its probe was over.
+_PROBING_STATES = (S.PREFLIGHT, S.STARTING, S.HELD)
 _ANY = tuple(S)
 
 TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState] = {
@@ -66,6 +74,7 @@ TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState] = {
     **{(s, E.ENGINE_UNHEALTHY): S.UNHEALTHY for s in _PLACED_STATES},
     **{(s, E.ENGINES_STARTING): S.STARTING for s in _PLACED_STATES},
     (S.HELD, E.NODE_BACK): S.STARTING,
+    **{(s, E.PREFLIGHT_RUNNING): S.PREFLIGHT for s in _PROBING_STATES},
     **{(s, E.FAILED): S.BACKOFF for s in _PLACED_STATES},
     **{(s, E.CRASH_LOOP): S.CRASH_LOOPING for s in _PLACED_STATES},
     (S.BACKOFF, E.RESTART): S.STARTING,
@@ -81,7 +90,8 @@ TRANSITIONS: dict[tuple[ReplicaState | None, ReplicaEvent], ReplicaState] = {
 # States whose replica has engines on its nodes (what the desired sets hold).
 WANTS_ENGINES = frozenset({*_PLACED_STATES, S.DRAINING})
 # States that a scale-down or a drain may stop before anything that serves.
-NOT_SERVING = frozenset({S.PENDING, S.STARTING, S.UNHEALTHY, S.BACKOFF, S.CRASH_LOOPING, S.HELD})
+NOT_SERVING = frozenset({S.PENDING, S.PREFLIGHT, S.STARTING, S.UNHEALTHY, S.BACKOFF,
+                         S.CRASH_LOOPING, S.HELD})
 # States a stop that is no failure drains first (RETIRE is valid in them); any other
 # state serves nothing a router would send it, so such a stop is immediate.
 DRAINS_FIRST = frozenset(s for (s, e) in TRANSITIONS if s is not None and e == E.RETIRE)
@@ -107,18 +117,25 @@ def next_state(state: ReplicaState | None, event: ReplicaEvent) -> ReplicaState:
         raise InvalidReplicaTransition(state, event) from None
 
 
-def engines_event(state: ReplicaState, members: Sequence[EngineState | None]) -> ReplicaEvent | None:
+def engines_event(state: ReplicaState, members: Sequence[EngineState | None],
+                  preflight: Sequence[str] = ()) -> ReplicaEvent | None:
     """What a placed replica's member engines amount to, one entry per member in rank
     order: its engine's reported state (STARTING where it has not reported yet), None
-    where the member's node is suspect (no news is not bad news). None: no event.
+    where the member's node is suspect (no news is not bad news); `preflight`, where
+    given, each heard member's EngineReport.preflight. None: no event.
 
     FAILED (how the failure is counted, CRASH_LOOP or FAILED, is the caller's), else
-    ENGINES_READY when every member is heard and ready, ENGINE_UNHEALTHY when one heard is
-    unhealthy, ENGINES_STARTING when every member is heard, NODE_BACK for a held replica
-    with a member still unheard."""
+    PREFLIGHT_RUNNING while a heard member's probe runs (in a state where one can: an
+    engine that serves ran its probe long ago), else ENGINES_READY when every member is
+    heard and ready, ENGINE_UNHEALTHY when one heard is unhealthy, ENGINES_STARTING when
+    every member is heard, NODE_BACK for a held replica with a member still unheard."""
     known = [st for st in members if st is not None]
     if any(st in ENGINE_ENDED for st in known):
         return E.FAILED
+    if state in _PROBING_STATES and any(
+            pf == PROBE_RUNNING for st, pf in zip(members, preflight, strict=False)
+            if st is not None):
+        return E.PREFLIGHT_RUNNING
     if known and len(known) == len(members) and all(st == EngineState.READY for st in known):
         return E.ENGINES_READY
     if any(st == EngineState.UNHEALTHY for st in known):

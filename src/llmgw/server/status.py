@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
+from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.fabrics import fabric_view, islands, member_nics
@@ -202,7 +203,11 @@ def describe_node(o: Orchestrator, node: Node, now: float) -> dict[str, Any]:
     """A node as `ctl status` shows it, with the replicas that have a member on it."""
     mine = sorted((r for r in o.replicas.values() if node.node_id in r.node_ids),
                   key=lambda r: r.id)
-    return {**node_view(node, now), "replica_list": [_with_last_event(o, r) for r in mine]}
+    # The last passed pre-flight of each of the node's fabrics (issue 22).
+    mine_fabrics = {f.name for f in node.inventory.fabrics}
+    figures = {f: v for f, v in preflight_by_fabric(o).items() if f in mine_fabrics}
+    return {**node_view(node, now), "replica_list": [_with_last_event(o, r) for r in mine],
+            "preflight": figures}
 
 
 def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> dict[str, Any]:
@@ -225,16 +230,64 @@ def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
     loads, node -> line; and, where the spec has adapters, node -> {loaded, errors}."""
     weights: dict[str, str] = {}
     adapters: dict[str, dict[str, list[str]]] = {}
+    reports = _member_reports(o, r)
     for m in r.members:
-        node = o.cp.nodes.get(m.node_id)
-        rep = node.engines.get(r.id) if node is not None else None
-        if rep is None or rep.generation != r.generation:
+        rep = reports.get(m.node_id)
+        if rep is None:
             continue
         if rep.weights:
             weights[m.node_id] = rep.weights
         if r.spec.adapters and m.rank == 0:  # the head serves the API, and the adapters
             adapters[m.node_id] = {"loaded": list(rep.adapters), "errors": list(rep.adapter_errors)}
-    return {"weights": weights, **({"adapters": adapters} if r.spec.adapters else {})}
+    return {"weights": weights, **({"adapters": adapters} if r.spec.adapters else {}),
+            # Each member's pre-flight (issue 22), node -> line: running, passed with its
+            # figures, failed with why.
+            "preflight": member_preflight(r, reports)}
+
+
+def _member_reports(o: Orchestrator, r: Replica) -> dict[str, EngineReport]:
+    """Node -> its engine's report of this replica's generation (members heard only)."""
+    out = {}
+    for m in r.members:
+        node = o.cp.nodes.get(m.node_id)
+        rep = node.engines.get(r.id) if node is not None else None
+        if rep is not None and rep.generation == r.generation:
+            out[m.node_id] = rep
+    return out
+
+
+def member_preflight(r: Replica, reports: Mapping[str, EngineReport]) -> dict[str, str]:
+    """Node -> the pre-flight line its member's engine reported ("" ones left out)."""
+    return {m.node_id: reports[m.node_id].preflight for m in r.members
+            if m.node_id in reports and reports[m.node_id].preflight}
+
+
+def fabric_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport]]]
+                     ) -> dict[str, dict[str, Any]]:
+    """The last figures per fabric: of the replicas on a fabric whose every member passed
+    its pre-flight, the one placed last: fabric -> {"replica", "busbw_gbps" (the lowest
+    member's, GB/s at the probe's largest size), "members": node -> line}. Only replicas
+    that still run are known (the agents' reports): a fabric none rides has no figures."""
+    out: dict[str, dict[str, Any]] = {}
+    when: dict[str, float] = {}
+    for r, reports in replicas:
+        if not r.fabric or len(r.members) < 2:
+            continue
+        lines = member_preflight(r, reports)
+        if len(lines) != len(r.members) or not all(x.startswith("passed") for x in lines.values()):
+            continue
+        if r.fabric in when and when[r.fabric] >= r.placed_at:
+            continue
+        when[r.fabric] = r.placed_at
+        out[r.fabric] = {"replica": r.id,
+                         "busbw_gbps": min(reports[n].preflight_busbw_gbps for n in lines),
+                         "members": lines}
+    return dict(sorted(out.items()))
+
+
+def preflight_by_fabric(o: Orchestrator) -> dict[str, dict[str, Any]]:
+    """fabric_preflight over the orchestrator's replicas and the agents' reports."""
+    return fabric_preflight((r, _member_reports(o, r)) for r in o.replicas.values() if r.fabric)
 
 
 def _with_last_event(o: Orchestrator, r: Replica) -> dict[str, Any]:
