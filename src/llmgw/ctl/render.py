@@ -253,6 +253,17 @@ def _weights(w: object) -> list[str]:
     return [f"Weights:    {w}"] if isinstance(w, str) and w else []
 
 
+def _download(d: object) -> list[str]:
+    """How far each member's engine has downloaded its weights into download_dir (the
+    agent's EngineReport.download: bytes on disk, the rate): a dict node -> line."""
+    if not isinstance(d, dict):
+        return []
+    told = [(n, x) for n, x in sorted(d.items()) if x]
+    if len(told) == 1:
+        return [f"Download:   {told[0][1]} (on {told[0][0]})"]
+    return ["Download:", *(f"  {n}: {x}" for n, x in told)] if told else []
+
+
 def _nics(nics: object) -> list[str]:
     """Which HCA each gang member's GPUs ride (the server's "nics": node -> lines)."""
     if not isinstance(nics, dict) or not nics:
@@ -308,6 +319,7 @@ def _describe_replica(r: dict[str, Any]) -> str:
              f"GPUs:       {_replica_gpus(r)}", f"Fabric:     {r.get('fabric') or '-'}",
              f"Endpoint:   {r.get('endpoint') or '-'}"]
     lines += _weights(r.get("weights"))
+    lines += _download(r.get("download"))
     lines += _adapters(r.get("adapters"))
     lines += _nics(r.get("nics"))
     lines += _member_preflight(r.get("preflight"))

@@ -128,6 +128,11 @@ def replica_rows(o: Orchestrator, last_events: Mapping[str, StoredEvent] | None 
     rows = []
     for r in sorted(o.replicas.values(), key=lambda r: r.id):
         row = replica_row(r)
+        if r.state == ReplicaState.STARTING:
+            # A member downloading its weights (issue 23): node -> bytes on disk and rate.
+            downloads = member_downloads(o, r)
+            if downloads:
+                row["download"] = downloads
         if last_events is not None:
             e = last_events.get(r.id)
             row["last_event"] = {"ts": e.ts, "text": e.text} if e is not None else None
@@ -225,6 +230,19 @@ def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> 
     }
 
 
+def member_downloads(o: Orchestrator, r: Replica) -> dict[str, str]:
+    """Node -> how far its member's engine has downloaded its weights, for this
+    generation ("12.3 GB on disk, 210 MB/s"; EngineReport.download); members that download
+    nothing left out."""
+    out = {}
+    for m in r.members:
+        node = o.cp.nodes.get(m.node_id)
+        rep = node.engines.get(r.id) if node is not None else None
+        if rep is not None and rep.generation == r.generation and rep.download:
+            out[m.node_id] = rep.download
+    return out
+
+
 def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
     """What each member's engine reported of this generation (issue 23): the weights it
     loads, node -> line; and, where the spec has adapters, node -> {loaded, errors}."""
@@ -239,7 +257,8 @@ def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
             weights[m.node_id] = rep.weights
         if r.spec.adapters and m.rank == 0:  # the head serves the API, and the adapters
             adapters[m.node_id] = {"loaded": list(rep.adapters), "errors": list(rep.adapter_errors)}
-    return {"weights": weights, **({"adapters": adapters} if r.spec.adapters else {}),
+    return {"weights": weights, "download": member_downloads(o, r),
+            **({"adapters": adapters} if r.spec.adapters else {}),
             # Each member's pre-flight (issue 22), node -> line: running, passed with its
             # figures, failed with why.
             "preflight": member_preflight(r, reports)}

@@ -111,10 +111,14 @@ function replicaRow(r) {
   const ev = r.last_event;
   const last = ev ? `${new Date(ev.ts * 1000).toLocaleTimeString()} ${ev.text}` : "";
   const why = r.reason ? el("div", {class: "muted"}, r.reason) : null;
+  // A starting replica's members downloading their weights: bytes on disk and the rate.
+  const dl = Object.entries(r.download || {}).map(([node, line]) => `${node}: ${line}`);
+  const down = dl.length ? el("div", {class: "muted", "data-field": "download"},
+    "downloading " + dl.join("; ")) : null;
   return el("tr", {"data-replica": r.id},
     el("td", {class: "mono"}, r.id),
     el("td", {}, r.deployment),
-    el("td", {}, stateBadge(r.state), why),
+    el("td", {}, stateBadge(r.state), why, down),
     el("td", {class: "mono"}, (r.nodes || []).join(", ")),
     el("td", {class: "mono"}, (r.gpus || []).join(", ")),
     el("td", {class: "mono", "data-field": "endpoint"}, r.endpoint || ""),
