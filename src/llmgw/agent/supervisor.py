@@ -33,6 +33,9 @@ from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_he
 from llmgw.agent.inflight import changed as inflight_changed
 from llmgw.agent.inflight import read_in_flight
 from llmgw.agent.logtail import tail_lines
+from llmgw.agent.preflight_report import RUNNING as PREFLIGHT_RUNNING
+from llmgw.agent.preflight_report import read_result as read_preflight
+from llmgw.agent.preflight_report import result_path as preflight_path
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.agent.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.startup_deadline import StartupDeadline
@@ -58,6 +61,9 @@ START_RELEASE_POLL = 0.25
 # Seconds between reports of a download's bytes on disk (each a message to the server):
 # often enough that `describe` moves, seldom enough to cost nothing at a hundred engines.
 DOWNLOAD_REPORT_EVERY = 5.0
+# Seconds between looks for the pre-flight's result while the launcher runs the probe: a
+# stat of one file; the server hears of the result within this of it being written.
+PREFLIGHT_POLL = 0.5
 
 Reading = Mapping[str, GpuMemory]
 
@@ -137,6 +143,8 @@ class _Engine:
     pids: set[int] = field(factory=set)
     # Loads and unloads its LoRA adapters while it runs; None: an engine that cannot.
     adapters: AdapterKeeper | None = None
+    # Where its launcher writes the pre-flight's result (preflight_report); "": no probe.
+    preflight_path: str = ""
 
     @property
     def spec(self) -> EngineSpec:
@@ -354,6 +362,18 @@ class Supervisor:
                  state, reason)
         self._call(eng.report)
 
+    def _note_preflight(self, eng: _Engine, *, report: bool = True) -> None:
+        """Take the probe's result into the engine's report once the launcher wrote it;
+        report it (the server's replica moves out of its pre-flight on it)."""
+        got = read_preflight(eng.preflight_path)
+        if got is None:
+            return
+        eng.report = evolve(eng.report, preflight=got.line, preflight_busbw_gbps=got.busbw_gbps)
+        log.info("engine %s gen %d: pre-flight %s", eng.spec.replica_id, eng.spec.generation,
+                 got.line)
+        if report:
+            self._call(eng.report)
+
     def _gpus_changed(self) -> None:
         if self._on_gpus_changed is None:
             return
@@ -471,6 +491,15 @@ class Supervisor:
         if weights:
             log.info("engine %s gen %d: weights %s", rid, spec.generation, weights)
             _note(log_path, rid, f"weights {weights}")
+        pre_path = preflight_path(folder, spec)
+        if pre_path:
+            # A result of an earlier start of this replica is not this one's.
+            try:
+                os.remove(pre_path)
+            except FileNotFoundError:
+                pass  # the usual case: a first start
+            except OSError as exc:
+                log.warning("engine %s: cannot remove the old %s: %s", rid, pre_path, exc)
         try:
             # Pending first: an agent killed between spawn and the completed record
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
@@ -497,7 +526,9 @@ class Supervisor:
         eng = _Engine(record=record, health=plan.health_checked,
                       report=EngineReport(rid, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, plan.health_checked),
-                                          pid=pid, restarts=restarts, weights=weights))
+                                          pid=pid, restarts=restarts, weights=weights,
+                                          preflight=PREFLIGHT_RUNNING if pre_path else ""),
+                      preflight_path=pre_path)
         eng.pids.add(pid)
         self._engines[rid] = eng
         self.starts_total += 1
@@ -548,7 +579,12 @@ class Supervisor:
                       report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, health),
                                           pid=record.pid, restarts=record.restarts,
-                                          weights=record.weights))
+                                          weights=record.weights),
+                      preflight_path=preflight_path(engine_dir(self._sup.work_dir, spec.replica_id),
+                                                    spec))
+        if eng.preflight_path:
+            eng.report = evolve(eng.report, preflight=PREFLIGHT_RUNNING)
+            self._note_preflight(eng, report=False)  # the event below reports it
         eng.pids.add(record.pid)
         self._engines[spec.replica_id] = eng
         self._event(eng, EngineEvent.ADOPTED, reason)
@@ -586,6 +622,7 @@ class Supervisor:
         killed = False
         health_scope = trio.CancelScope()
         adapters_scope = trio.CancelScope()
+        preflight_scope = trio.CancelScope()
         async with trio.open_nursery() as nursery:
 
             async def health() -> None:
@@ -596,11 +633,18 @@ class Supervisor:
                 with adapters_scope:  # as health: it asks the engine until it stops or exits
                     await keeper.run()
 
+            async def preflight() -> None:
+                with preflight_scope:  # until the launcher wrote the probe's result
+                    while eng.report.preflight == PREFLIGHT_RUNNING:
+                        await trio.sleep(PREFLIGHT_POLL)
+                        self._note_preflight(eng)
+
             async def stopper() -> None:
                 nonlocal killed
                 await eng.stop_requested.wait()
                 health_scope.cancel()
                 adapters_scope.cancel()
+                preflight_scope.cancel()
                 self._event(eng, EngineEvent.STOP_REQUESTED, eng.stop_reason)
                 eng.pids.update(procs.session_pids(rec.sid))  # whose GPU memory must go
                 killed = await procs.stop_session(rec.sid, self._sup.stop_timeout)
@@ -609,6 +653,8 @@ class Supervisor:
             eng.adapters = self._keeper(eng)
             if eng.adapters is not None:
                 nursery.start_soon(keep_adapters, eng.adapters)
+            if eng.preflight_path:
+                nursery.start_soon(preflight)
             if eng.health:
                 nursery.start_soon(health)
             else:
@@ -616,6 +662,7 @@ class Supervisor:
             code = await procs.wait_exit(rec.pid, rec.start_time)
             health_scope.cancel()
             adapters_scope.cancel()
+            preflight_scope.cancel()
             if not eng.stop_requested.is_set():
                 nursery.cancel_scope.cancel()  # the stopper has nothing left to stop
         # The leader is gone; members it left in its session (its workers, Ray) go too.
@@ -657,6 +704,9 @@ class Supervisor:
         # Releasing before the exit is reported: a server that places again on hearing it
         # must already find these GPUs out (the inventory says so once it is sent).
         self._begin_release(eng)
+        if eng.report.preflight == PREFLIGHT_RUNNING:
+            # A launcher that exited on a failed probe wrote why: the exit report says it.
+            self._note_preflight(eng, report=False)
         self._event(eng, EngineEvent.EXITED, reason, exit_code=code, log_tail=tail)
         if not eng.stop_requested.is_set() or failed:
             self._exited[rec.spec.replica_id] = eng.report
