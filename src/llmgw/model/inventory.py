@@ -137,6 +137,12 @@ class StorageReport:
 
     asked: bool = False
     models: tuple[ModelCopy, ...] = ()
+    # Where an engine with no copy here downloads (agent.yaml's download_dir), and the
+    # bytes free there (statvfs, for an unprivileged user); -1: not known (no download_dir,
+    # unreadable, an agent from before), which placement takes as room enough. The agent
+    # reports a change of free space only beyond FREE_SPACE_SLACK (discovery/discover.py).
+    download_dir: str = ""
+    download_free: int = -1
 
     def holds(self, model: str) -> bool:
         """True when a complete copy of `model` (an id or a path) is visible here."""

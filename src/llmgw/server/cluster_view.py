@@ -50,8 +50,8 @@ class NodeView:
 
 class _Node:
     __slots__ = (
-        "addr", "cache", "fabrics", "fixed", "free", "gpu_name", "gpus", "hi", "id", "labels",
-        "lacked", "lo", "out", "ports", "reject", "view",
+        "addr", "cache", "download_dir", "download_free", "fabrics", "fixed", "free", "gpu_name",
+        "gpus", "hi", "id", "labels", "lacked", "lo", "out", "ports", "reject", "view",
     )
 
     def __init__(
@@ -73,6 +73,10 @@ class _Node:
             for e in inv.engines if not e.available
         }
         self.lo, self.hi = view.info.port_range
+        # Where an engine with no copy here downloads, and the bytes free there (-1: not
+        # known, taken as room enough): placement's space rule (placement._room).
+        self.download_dir = inv.storage.download_dir
+        self.download_free = inv.storage.download_free
         # Ports that no release() gives back: used outside placement, or blocked.
         self.fixed = view.used_ports | {p for p in view.blocked_ports if self.lo <= p <= self.hi}
         self.ports = set(self.fixed)
@@ -182,6 +186,18 @@ class ClusterView:
 
     def holds(self, node_id: str, model: str) -> bool:
         return node_id in self.holders.get(model, ())
+
+    def model_size(self, model: str) -> int:
+        """Bytes of a complete copy of `model` some node holds (the copies of one model
+        are alike; the largest seen is taken); 0: no node holds one, size unknown."""
+        size = 0
+        for nid in self.holders.get(model, ()):
+            for copy in self.nodes[nid].view.inventory.storage.models:
+                if copy.complete and model in (copy.name, copy.path):
+                    size = max(size, copy.size)
+            if size:
+                return size
+        return size
 
     def free_gpus(self, node_id: str) -> tuple[str, ...]:
         return tuple(self.nodes[node_id].free)

@@ -12,6 +12,11 @@ agent reports it) and with at least the engine's need in free memory:
 total, SGLang's --mem-fraction-static, 0.9 by default; gpu_memory_min a floor). vLLM
 refuses to start below that, so a GPU other processes hold is no answer at all.
 
+Space: a node that would download the model (it holds no complete copy) and reports less
+free space in its download_dir than the model's size is no fit, where both are known: the
+size from another node's complete copy, the free space from the agent's storage scan.
+Holding weights is never required (a download is a valid answer).
+
 Preference, never a filter, in this order: holding complete weights for the model (for
 a gang, the more members that hold them the better); then NVLink fit of the
 tensor-parallel group; then the strategy (pack: fewest free GPUs, spread: most).
@@ -132,6 +137,31 @@ def _roomy(n: _Node, d: Deployment) -> list[Gpu]:
     return out
 
 
+def _download_need(view: ClusterView, d: Deployment) -> int:
+    """Bytes a node without a copy must have free in download_dir for `d`'s model: its
+    size where a node holds a complete copy; 0 (not checked) when unknown, or for a path
+    (an engine given a path opens it, it downloads nothing)."""
+    if d.model.startswith(_PATH_PREFIXES):
+        return 0
+    return view.model_size(d.model)
+
+
+_PATH_PREFIXES = ("/", "./", "../", "~")  # as agent/engines/weights.py tells a path
+
+
+def _room(n: _Node, need: int) -> str:
+    """Why `n` cannot take a download of `need` bytes; "" when it can, or when the size or
+    its free space is not known."""
+    if need <= 0 or n.download_free < 0 or n.download_free >= need:
+        return ""
+    return (f"download_dir {_text(n.download_dir)} has {_gib_bytes(n.download_free)} free, "
+            f"the model needs {_gib_bytes(need)}")
+
+
+def _gib_bytes(n: int) -> str:
+    return _gib(n // 2**20)
+
+
 @frozen
 class _Choice:
     node: _Node
@@ -150,6 +180,7 @@ def _pick(
     """The best `d.nodes` nodes of one group, best first; None when too few fit."""
     k = d.nodes
     holders = view.holders.get(d.model, set())
+    need = _download_need(view, d)
     chosen: list[_Choice] = []
     if holders:
         if len(holders) <= _SCAN_HOLDERS_DIRECTLY:
@@ -165,7 +196,9 @@ def _pick(
             chosen = _scan(group, d, k, exclude, lambda nid: nid in holders, True)
     if len(chosen) < k:
         taken = exclude | {c.node.id for c in chosen}
-        chosen += _scan(group, d, k - len(chosen), taken, lambda nid: nid not in holders, False)
+        nodes = view.nodes
+        chosen += _scan(group, d, k - len(chosen), taken,
+                        lambda nid: nid not in holders and not _room(nodes[nid], need), False)
     return chosen if len(chosen) == k else None
 
 
@@ -324,10 +357,11 @@ def _reject(n: _Node, d: Deployment, exclude: frozenset[str]) -> str:
     return _why(n, d, exclude)[0]
 
 
-def _why(n: _Node, d: Deployment, exclude: frozenset[str]) -> tuple[str, int]:
+def _why(n: _Node, d: Deployment, exclude: frozenset[str], need: int = 0) -> tuple[str, int]:
     """Why `n` does not fit (empty: it does), and, where GPUs other than those our
     replicas hold kept it out (unhealthy, releasing, held by other processes, short of
-    memory), how many of its GPUs would do; -1 otherwise."""
+    memory), how many of its GPUs would do; -1 otherwise. `need`: the bytes a download
+    of the model takes (_download_need)."""
     if n.reject:
         return n.reject, -1
     if n.id in exclude:
@@ -364,7 +398,13 @@ def _why(n: _Node, d: Deployment, exclude: frozenset[str]) -> tuple[str, int]:
             return "lacked fabric", -1
         if not n.fabrics:
             return "had their fabric down", -1
+    if _room(n, need) and not n.view.inventory.storage.holds(d.model):
+        return _SHORT_OF_SPACE.format(_gib_bytes(need)), -1
     return "", -1
+
+
+# explain's count of nodes short of download space; the closest few are then named.
+_SHORT_OF_SPACE = "lacked {} free in download_dir for the model"
 
 
 def _gib(mib: int) -> str:
@@ -457,12 +497,17 @@ def explain(
     fit = 0
     by_group: Counter[tuple[str, str]] = Counter()
     close: list[tuple[int, str]] = []
+    need = _download_need(view, d)
+    short_key = _SHORT_OF_SPACE.format(_gib_bytes(need))
+    short: list[tuple[int, str]] = []  # (-free bytes, node) of those short of space
     for n in view.nodes.values():
-        why, roomy = _why(n, d, exclude)
+        why, roomy = _why(n, d, exclude, need)
         if why:
             counts[why] += 1
             if roomy >= 0:
                 close.append((-roomy, n.id))
+            elif why == short_key:
+                short.append((-n.download_free, n.id))
         else:
             fit += 1
             for fabric in n.fabrics:
@@ -487,4 +532,6 @@ def explain(
         reason += f". {nid}: {_gpu_account(view.nodes[nid], d, -minus)}"
     if len(close) > _DETAILED:
         reason += f". {len(close) - _DETAILED} more nodes kept out by GPUs that are not ours"
+    for _, nid in heapq.nsmallest(_DETAILED, short):  # the most space first
+        reason += f". {nid}: {_room(view.nodes[nid], need)}"
     return Unschedulable(reason=reason, counts=dict(counts))

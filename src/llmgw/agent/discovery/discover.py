@@ -20,14 +20,18 @@ from llmgw.agent.discovery.infiniband import assess_fabrics, read_hcas
 from llmgw.agent.discovery.mountinfo import Mount, parse_mountinfo
 from llmgw.agent.discovery.pcie import link_path, sysfs_name
 from llmgw.agent.discovery.storage import scan_storage
+from llmgw.agent.engines.weights import download_dir_of
 from llmgw.config.agent import AgentConfig
-from llmgw.model.inventory import Gpu, Inventory
+from llmgw.model.inventory import Gpu, Inventory, StorageReport
 
 log = logging.getLogger(__name__)
 
 MOUNTINFO = "/proc/self/mountinfo"
 # Free memory moves with every engine; smaller moves than this are not a change.
 FREE_MEMORY_SLACK_MIB = 1024
+# download_dir's free space moves with every download and log; smaller moves than this
+# are not a change (placement refuses a node short by the size of a model, tens of GB).
+FREE_SPACE_SLACK = 4 * 2**30
 
 
 def _with_pci_paths(gpus: tuple[Gpu, ...], pci_root: str) -> tuple[Gpu, ...]:
@@ -75,11 +79,13 @@ async def discover(
     gpus = await trio.to_thread.run_sync(_with_pci_paths, gpu_reading.gpus, pci_root)
     hcas = await trio.to_thread.run_sync(read_hcas, disc.ib_root)
     fabrics = assess_fabrics(hcas, config.fabrics, source=config.source)
+    download_dir = download_dir_of(config)
     if config.model_dirs is not None:
         mounts = await trio.to_thread.run_sync(_read_mounts, mountinfo_path)
-        storage = await trio.to_thread.run_sync(scan_storage, config.model_dirs, mounts)
+        storage = await trio.to_thread.run_sync(scan_storage, config.model_dirs, mounts,
+                                                download_dir)
     else:
-        storage = scan_storage(None, [])
+        storage = await trio.to_thread.run_sync(scan_storage, None, [], download_dir)
     engines = await trio.to_thread.run_sync(
         functools.partial(check_engines, config, python=python))
     warnings = tuple(dict.fromkeys((*gpu_reading.warnings, *fabrics.warnings, *storage.warnings)))
@@ -116,6 +122,14 @@ def _gpu_same(a: Gpu, b: Gpu) -> bool:
     return evolve(a, memory_free=b.memory_free, processes=b.processes) == b
 
 
+def _space_slack(old: StorageReport, new: StorageReport) -> StorageReport:
+    """`old`, with new's free space where it moved by less than FREE_SPACE_SLACK."""
+    known = old.download_free >= 0 and new.download_free >= 0
+    if known and abs(old.download_free - new.download_free) < FREE_SPACE_SLACK:
+        return evolve(old, download_free=new.download_free)
+    return old
+
+
 def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
     """Whether `new` is worth reporting after `old`. Free GPU memory drifting by less
     than FREE_MEMORY_SLACK_MIB, or a process's memory or command line changing, is not a
@@ -131,7 +145,7 @@ def inventory_changed(old: Inventory | None, new: Inventory) -> bool:
         old.hcas,
         old.fabrics,
         old.unlabelled_hcas,
-        old.storage,
+        _space_slack(old.storage, new.storage),
         old.warnings,
         old.engines,
     ) != (

@@ -215,10 +215,32 @@ def scan_dir(top: str) -> list[ModelCopy]:
     return found
 
 
-def scan_storage(model_dirs: tuple[ModelDirConfig, ...] | None, mounts: list[Mount]) -> StorageScan:
-    """Walk every configured directory. None: the node was not asked (asked=False)."""
+def free_space(path: str) -> int:
+    """Bytes an unprivileged user may still write under `path`, or under its nearest
+    existing parent (a download_dir the first download creates); -1 when unreadable."""
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            st = os.statvfs(probe)
+            return st.f_bavail * st.f_frsize
+        except FileNotFoundError:
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return -1
+            probe = parent
+        except OSError as exc:
+            log.debug("cannot statvfs %s: %s", probe, exc)
+            return -1
+
+
+def scan_storage(model_dirs: tuple[ModelDirConfig, ...] | None, mounts: list[Mount],
+                 download_dir: str = "") -> StorageScan:
+    """Walk every configured directory. None: the node was not asked (asked=False).
+    `download_dir` (agent.yaml's, "" for none): its free space is reported too."""
+    free = free_space(download_dir) if download_dir else -1
     if model_dirs is None:
-        return StorageScan(StorageReport(asked=False))
+        return StorageScan(StorageReport(asked=False, download_dir=download_dir,
+                                         download_free=free))
     models: list[ModelCopy] = []
     warnings: list[str] = []
     for d in model_dirs:
@@ -244,4 +266,6 @@ def scan_storage(model_dirs: tuple[ModelDirConfig, ...] | None, mounts: list[Mou
             if c.reason:
                 warnings.append(f"model {c.name} at {c.path} is incomplete: {c.reason}")
             models.append(evolve(c, shared=shared, store=store))
-    return StorageScan(StorageReport(asked=True, models=tuple(models)), tuple(warnings))
+    report = StorageReport(asked=True, models=tuple(models), download_dir=download_dir,
+                           download_free=free)
+    return StorageScan(report, tuple(warnings))
