@@ -15,7 +15,6 @@ import trio
 from fakes.engines import SimEngineProcess, free_port, vllm_args
 from llmgw.agent import sleep as engine_sleep
 from llmgw.agent.adapter_sync import call
-from llmgw.agent.sleep import SleepAction, sleep_action
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 
@@ -82,12 +81,3 @@ async def test_vllms_refusals(engine: SimEngineProcess, tmp_path: Path) -> None:
     with _start(tmp_path, [], {"VLLM_SERVER_DEV_MODE": "1"}) as nosleep:
         status, body = await call(nosleep.host, nosleep.port, "POST", "/sleep?level=1", timeout=5)
         assert status == 500 and "Sleep mode is not enabled" in json.loads(body)["error"]["message"]
-
-
-def test_the_rule() -> None:
-    assert sleep_action(True, False) is SleepAction.SLEEP
-    assert sleep_action(True, None) is SleepAction.SLEEP
-    assert sleep_action(True, True) is None
-    assert sleep_action(False, True) is SleepAction.WAKE
-    assert sleep_action(False, None) is SleepAction.WAKE
-    assert sleep_action(False, False) is None

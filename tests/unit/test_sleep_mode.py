@@ -7,14 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from attrs import evolve
 
+from fakes.cluster import cluster, node
 from llmgw.agent.engines import build_plan
 from llmgw.agent.engines.vllm import DEV_MODE_ENV, SLEEP_FLAG
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError, UsageError
-from llmgw.model.deployment import Member, Replica
-from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
+from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
+from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
+from llmgw.server.autoscaler import _sleep_instead
+from llmgw.server.reconcile import desired_sets, reconcile
+from llmgw.server.sleeping import serving
 from llmgw.simengine.args import parse_args
 
 AUTO = {"min": 0, "max": 2, "in_flight_per_replica": 4, "idle_to_zero": "10m"}
@@ -92,3 +97,57 @@ def test_the_simulated_engine_reads_the_flag_and_dev_mode_as_vllm_does() -> None
     assert parse_args(["serve", "m"], {DEV_MODE_ENV: "2"}).dev_mode  # bool(int(value))
     with pytest.raises(UsageError, match="VLLM_SERVER_DEV_MODE must be an integer"):
         parse_args(["serve", "m"], {DEV_MODE_ENV: "true"})
+
+
+# ---- the server's side: the autoscaler's rule, the replicas in place, the table ----
+
+def _sleepy(**kw: Any) -> Deployment:
+    return evolve(parse_deployment(deployment(sleep_when_idle=True), "a.yaml"), **kw)
+
+
+def test_idle_sleeps_instead_of_zero_and_requests_wake_it() -> None:
+    d = _sleepy()
+    reason = "no request for 600s (idle_to_zero 600s): to zero"
+    handled, c = _sleep_instead(d, 0, reason, active=False)
+    assert handled and c is not None and (c.before, c.after, c.asleep) == (1, 1, True)
+    assert c.reason == "no request for 600s (idle_to_zero 600s): asleep (sleep_when_idle)"
+    assert c.direction == "sleep"
+    asleep = evolve(d, asleep=True)
+    assert _sleep_instead(asleep, 0, reason, active=False) == (True, None)  # stays, never to 0
+    handled, c = _sleep_instead(asleep, 1, "", active=True)
+    assert handled and c is not None and (c.after, c.asleep, c.direction) == (1, False, "wake")
+    assert c.reason == "woken from sleep by requests"
+    handled, c = _sleep_instead(asleep, 2, "scaled up 1 -> 2: ...", active=True)
+    assert handled and c is not None and (c.after, c.asleep, c.direction) == (2, False, "up")
+    # Awake with load: decide()'s count, as without the setting; and without the setting
+    # or at zero already, the rule is out of the way.
+    assert _sleep_instead(d, 2, "up", active=True) == (False, None)
+    assert _sleep_instead(parse_deployment(deployment(), "a"), 0, reason, active=False) == (False, None)
+    assert _sleep_instead(evolve(d, replicas=0), 0, reason, active=False) == (False, None)
+
+
+def _ready(replicas: dict) -> dict[str, list[EngineReport]]:
+    return {m.node_id: [EngineReport(r.id, r.generation, EngineState.READY)]
+            for r in replicas.values() for m in r.members}
+
+
+def test_replicas_take_asleep_in_place_and_leave_the_table() -> None:
+    nodes = cluster(node("a", 1))
+    d = _sleepy()
+    res = reconcile({"a": d}, {}, nodes, {}, 1000.0)
+    res = reconcile({"a": d}, res.replicas, nodes, _ready(res.replicas), 1001.0,
+                    generation_floor=res.generation_floor)
+    (before,) = res.replicas.values()
+    assert before.state == ReplicaState.READY and serving(before)
+    for t, want in ((1002.0, True), (1003.0, False)):
+        res = reconcile({"a": evolve(d, asleep=want)}, res.replicas, nodes, _ready(res.replicas), t,
+                        generation_floor=res.generation_floor)
+        (r,) = res.replicas.values()
+        # Same generation: the agent sleeps or wakes the running engine, no restart.
+        assert (r.generation, r.state, r.spec.asleep, serving(r)) == (before.generation, ReplicaState.READY,
+                                                                      want, not want)
+        ((spec,),) = desired_sets(res.replicas.values()).values()
+        assert (spec.asleep, spec.sleep_mode, spec.generation) == (want, True, before.generation)
+    assert parse_deployment(evolve(d, asleep=True).plain(), "wire").asleep  # stored as it travels
+    with pytest.raises(DeploymentError, match="asleep: needs autoscale.sleep_when_idle"):
+        parse_deployment({**deployment(), "asleep": True}, "a.yaml")

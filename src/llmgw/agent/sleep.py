@@ -9,37 +9,25 @@ VLLM_SERVER_DEV_MODE=1; the engine started with --enable-sleep-mode):
   woke).
 - `GET /is_sleeping`: {"is_sleeping": bool}; the engine is ready again when it says false.
 
-`sleep_action` is the rule (pure); `sleep` and `wake` are the calls, each bounded.
+`sleep` and `wake` are the calls, each bounded; `follow` is the supervisor's task for
+one engine whose spec's `asleep` changed.
 """
 
 from __future__ import annotations
 
 import json
-from enum import StrEnum
+import logging
+from collections.abc import Callable
 
 import trio
 
-from llmgw.agent.adapter_sync import call
+from llmgw.agent.adapter_sync import EngineCallError, call
 from llmgw.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 SLEEP_LEVEL = 1  # weights kept in CPU memory: the wake is a copy back, not a reload
 POLL = 0.02  # seconds between /is_sleeping while waking: the wake is meant to take ~0.1-0.4 s
-
-
-class SleepAction(StrEnum):
-    SLEEP = "sleep"
-    WAKE = "wake"
-
-
-def sleep_action(wanted_asleep: bool, is_sleeping: bool | None) -> SleepAction | None:
-    """What to ask of an engine that should (not) sleep, given what /is_sleeping said
-    (None: not asked yet, or no answer: ask as if it were the other way, both calls are
-    idempotent in vLLM)."""
-    if wanted_asleep and is_sleeping is not True:
-        return SleepAction.SLEEP
-    if not wanted_asleep and is_sleeping is not False:
-        return SleepAction.WAKE
-    return None
 
 
 async def is_sleeping(host: str, port: int, *, timeout: float = 5.0) -> bool:
@@ -77,3 +65,29 @@ async def wake(host: str, port: int, *, timeout: float = 60.0) -> float:
     if scope.cancelled_caught:
         raise EngineError(f"engine still asleep {timeout:g}s after POST /wake_up")
     return trio.current_time() - start
+
+
+RETRY = 1.0  # seconds between tries when the engine did not answer
+
+
+async def follow(host: str, port: int, replica_id: str, wanted: Callable[[], bool | None]) -> None:
+    """Sleep or wake the engine until it is as `wanted()` says (read again after each
+    call: the server may change its mind meanwhile); None: the engine is gone, stop."""
+    done: bool | None = None
+    while True:
+        target = wanted()
+        if target is None or target == done:
+            return
+        try:
+            if target:
+                await sleep(host, port)
+                log.info("engine %s asleep", replica_id)
+            else:
+                took = await wake(host, port)
+                log.info("engine %s awake in %.3fs", replica_id, took)
+        except (EngineError, EngineCallError, OSError) as exc:
+            log.warning("engine %s: could not %s it: %s; trying again", replica_id,
+                        "sleep" if target else "wake", exc)
+            await trio.sleep(RETRY)
+            continue
+        done = target

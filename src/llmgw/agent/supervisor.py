@@ -16,6 +16,7 @@ import trio
 from attrs import define, evolve, field
 
 from llmgw.agent import ports, procs
+from llmgw.agent import sleep as engine_sleep
 from llmgw.agent.adapter_sync import AdapterKeeper
 from llmgw.agent.adapters import SyncResult
 from llmgw.agent.adopt import Adopted, Gone, adopt_records
@@ -247,6 +248,7 @@ class Supervisor:
             exited = {rid: r.generation for rid, r in self._exited.items()}
             actions = converge(desired, running, exited)
             self._new_adapters(desired)
+            self._new_sleep(desired)
             wanted = {s.replica_id for s in desired}
             for rid in [r for r in self._exited if r not in wanted]:
                 del self._exited[rid]
@@ -276,6 +278,24 @@ class Supervisor:
                      ", ".join(a.name for a in spec.adapters) or "none")
             if eng.adapters is not None:
                 eng.adapters.poke()
+
+    def _new_sleep(self, desired: tuple[EngineSpec, ...]) -> None:
+        """autoscale.sleep_when_idle: a running engine whose spec changed only in `asleep`
+        is put to sleep or woken in place (agent/sleep.py), by its API server's head."""
+        for spec in desired:
+            eng = self._engines.get(spec.replica_id)
+            if eng is None or eng.spec.generation != spec.generation or eng.spec.asleep == spec.asleep:
+                continue
+            eng.record = evolve(eng.record, spec=evolve(eng.spec, asleep=spec.asleep))
+            if not eng.health:  # a headless member: its head's API server sleeps the gang
+                continue
+            rid = spec.replica_id
+
+            def wanted(rid: str = rid, eng: _Engine = eng) -> bool | None:
+                return eng.spec.asleep if self._engines.get(rid) is eng else None
+
+            self._nursery_or_raise().start_soon(
+                engine_sleep.follow, self._config.mgmt_addr, spec.port, rid, wanted)
 
     def _unreadable_copy(self, eng: _Engine, tail: tuple[str, ...]) -> str:
         """An engine that died starting, whose log says its weights could not be read:

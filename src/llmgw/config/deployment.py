@@ -39,6 +39,7 @@ _OPTIONAL = (
     "preflight",
     "preflight_timeout",
     "preflight_min_busbw",
+    "asleep",
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -142,6 +143,12 @@ def parse_deployment(data: Any, source: str) -> Deployment:
                       "with autoscale, replicas is the count to start from")
         if auto.sleep_when_idle and engine is EngineKind.SGLANG:  # vLLM's (and its copy's)
             raise DeploymentError(source, "autoscale.sleep_when_idle", f"vLLM engines only, not {engine}")
+    if "asleep" in data:  # the server's state (plain() carries it), like replicas
+        if not isinstance(data["asleep"], bool):
+            raise err("asleep", "expected true or false")
+        if data["asleep"] and not (kwargs.get("autoscale") and kwargs["autoscale"].sleep_when_idle):
+            raise err("asleep", "needs autoscale.sleep_when_idle")
+        kwargs["asleep"] = data["asleep"]
     if "priority" in data:
         p = data["priority"]
         if isinstance(p, bool) or not isinstance(p, int) or not -MAX_PRIORITY <= p <= MAX_PRIORITY:

@@ -91,6 +91,10 @@ class Deployment:
     # lower priority above its autoscale min (server/preempt.py). Shapes no engine: out
     # of template_hash.
     priority: int = 0
+    # Its replicas' engines sleep (autoscale.sleep_when_idle, set by the autoscaler instead
+    # of going to zero): state like `replicas`, out of template_hash; the running engines
+    # are put to sleep and woken in place (server/sleeping.py, agent/sleep.py).
+    asleep: bool = False
     # The collective pre-flight each member runs before its engine (issue 22): "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang
     # replica (the simulated engine's would need a torch it does not bring: asked for
@@ -144,6 +148,7 @@ class Deployment:
             **self._plain_lora(),
             **({"autoscale": self.autoscale.plain()} if self.autoscale else {}),
             **({"priority": self.priority} if self.priority else {}),
+            **({"asleep": True} if self.asleep else {}),
             **self._plain_preflight(),
         }
 
@@ -340,6 +345,7 @@ class Replica:
                     max_loras=d.lora_slots,
                     max_lora_rank=d.max_lora_rank,
                     sleep_mode=d.sleep_mode,
+                    asleep=d.asleep,
                 )
             )
         return tuple(out)

@@ -46,9 +46,12 @@ class Change:
     after: int
     reason: str
     also: tuple[str, str] | None = None  # (deployment, event): a preemption's taker
+    asleep: bool = False  # the deployment's `asleep` after it (sleep_when_idle: sleeping.py)
 
     @property
     def direction(self) -> str:
+        if self.after == self.before:
+            return "wake" if not self.asleep else "sleep"
         return "up" if self.after > self.before else "down"
 
 
@@ -60,6 +63,23 @@ def served_names(deployments: Mapping[str, Deployment]) -> dict[str, str]:
             out.setdefault(a.name, name)
         out[d.served_name] = name
     return out
+
+
+def _sleep_instead(d: Deployment, n: int, reason: str, active: bool) -> tuple[bool, Change | None]:
+    """sleep_when_idle: where decide() would go to zero the count stays and the engines
+    sleep (sleeping.py); requests, or any other change of count, wake them. (True, the
+    change or None) where this rule decides; (False, None) where decide()'s count does."""
+    spec = d.autoscale
+    if spec is None or not spec.sleep_when_idle or d.replicas == 0:
+        return False, None
+    if n == 0:  # asleep already: it stays so, at its count
+        return True, None if d.asleep else Change(
+            d.name, d.replicas, d.replicas,
+            reason.replace(": to zero", ": asleep (sleep_when_idle)"), asleep=True)
+    if d.asleep and (active or n != d.replicas):
+        why = "woken from sleep by requests" if active else "woken from sleep"
+        return True, Change(d.name, d.replicas, n, f"{why}{': ' + reason if reason else ''}")
+    return False, None
 
 
 class Autoscaler:
@@ -84,7 +104,7 @@ class Autoscaler:
         names = served_names(deployments)
         for served, load in op.models.items():
             d = deployments.get(names.get(served, ""))
-            if d is not None and d.autoscale is not None and d.replicas == 0 and (
+            if d is not None and d.autoscale is not None and (d.replicas == 0 or d.asleep) and (
                     load.held or load.requests or load.in_flight):
                 self._wake.add(d.name)
         if self._wake:
@@ -119,9 +139,12 @@ class Autoscaler:
             memory = observe(spec, memory, sample)
             decision = decide(spec, d.replicas, memory, now)
             self.memory[name] = decision.memory
-            self.desired[name] = decision.replicas
-            if decision.replicas != d.replicas:
-                changes.append(Change(name, d.replicas, decision.replicas, decision.reason))
+            handled, change = _sleep_instead(d, decision.replicas, decision.reason, sample.active)
+            if not handled and decision.replicas != d.replicas:
+                change = Change(name, d.replicas, decision.replicas, decision.reason)
+            self.desired[name] = d.replicas if change is None else change.after
+            if change is not None:
+                changes.append(change)
         return changes
 
     def preemption(self, now: float, deployments: Mapping[str, Deployment],

@@ -33,7 +33,7 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server import adapters
+from llmgw.server import adapters, sleeping
 from llmgw.server.apikeys import ApiKeys
 from llmgw.server.autoscaler import Autoscaler, Change
 from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
@@ -499,7 +499,7 @@ class Orchestrator:
         if change.also is not None:  # a preemption: the taker's side of it
             events.append(StoredEvent(now, change.also[0], "", f"priority: {change.also[1]}"))
         await trio.to_thread.run_sync(self.store.add_events, events)
-        await self._put_replicas(evolve(d, replicas=change.after), now)
+        await self._put_replicas(evolve(d, replicas=change.after, asleep=change.asleep), now)
         return True
 
     async def autoscale_loop(self, clock: Callable[[], float],
@@ -607,7 +607,7 @@ class Orchestrator:
     def cold(self) -> list[str]:
         """Served names of deployments that may scale to zero and have nothing ready
         (at zero, or waking): routers hold their requests rather than refuse them."""
-        ready = {r.spec.served_name for r in self.replicas.values() if r.state == ReplicaState.READY}
+        ready = {r.spec.served_name for r in self.replicas.values() if sleeping.serving(r)}
         return sorted(d.served_name for d in self.deployments.values()
                       if d.autoscale is not None and d.autoscale.min == 0
                       and d.served_name not in ready)
@@ -615,7 +615,7 @@ class Orchestrator:
     def waiting(self) -> dict[str, str]:
         """Served name -> why nothing of it is ready, for each deployment that serves
         nothing: the router answers those 503 (with the reason), not 404."""
-        ready = {r.spec.served_name for r in self.replicas.values() if r.state == ReplicaState.READY}
+        ready = {r.spec.served_name for r in self.replicas.values() if sleeping.serving(r)}
         out: dict[str, str] = {}
         for name, d in sorted(self.deployments.items()):
             if d.served_name in ready or d.replicas == 0:
@@ -650,7 +650,7 @@ class Orchestrator:
             if head is None or head.state == NodeState.LOST and r.state != ReplicaState.HELD:
                 continue
             row: dict[str, Any] = {"replica_id": r.id, "url": r.endpoint,
-                                   "ready": r.state == ReplicaState.READY,
+                                   "ready": sleeping.serving(r),
                                    "served": r.spec.served_name}
             # The adapters its head engine reports loaded; the key only where there are
             # some, so a router from before adapters reads the table as before.

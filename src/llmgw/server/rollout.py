@@ -21,12 +21,14 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 
 from .adapters import refresh_adapters
 from .reconcile_pass import Pass
+from .sleeping import refresh_sleep
 
 S = ReplicaState
 
 
 def roll_deployment(p: Pass, d: Deployment) -> None:
     refresh_adapters(p, d)
+    refresh_sleep(p, d)
     _settle_replacements(p, d)
     _drop_unneeded_replacements(p, d)
     _scale(p, d)
