@@ -92,3 +92,31 @@ async def test_supervisor_reports_the_bytes_on_disk(tmp_path: Path,
         await sup.apply(())
         await reports.wait("r1", EngineState.EXITED)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_growing_download_keeps_a_quiet_engine_starting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1.5 s of startup_timeout, an engine that logs nothing while it "loads": it lives on
+    for as long as its download grows, and is given up on once that stops."""
+    monkeypatch.setattr(supervisor_mod, "DOWNLOAD_REPORT_EVERY", 0.2)
+    dl = tmp_path / "dl"
+    cfg = attrs.evolve(config(str(tmp_path / "work")), download_dir=str(dl))
+    spec = EngineSpec("r2", 1, "tiny", "org/tiny", "tiny", EngineKind.SIMULATED, (), free_port(),
+                      env={"LLMGW_SIM_LOAD_SECONDS": "60"}, startup_timeout=1.5)
+    reports = Reports()
+    sup = Supervisor(cfg, reports, storage=lambda: StorageReport(True, ()))
+    blob = dl / "models--org--tiny" / "blobs" / "abc.incomplete"
+    os.makedirs(blob.parent)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.serve)
+        await sup.apply((spec,))
+        await reports.wait("r2", EngineState.STARTING)
+        for _ in range(16):  # 4.8 s, three times the timeout
+            with blob.open("ab") as f:
+                f.write(b"x" * 100_000)
+            await trio.sleep(0.3)
+        assert all(r.state is EngineState.STARTING for r in reports.seen if r.replica_id == "r2")
+        with trio.fail_after(10):
+            while not any("no progress" in r.reason for r in reports.seen):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
