@@ -287,15 +287,22 @@ class Supervisor:
             if eng is None or eng.spec.generation != spec.generation or eng.spec.asleep == spec.asleep:
                 continue
             eng.record = evolve(eng.record, spec=evolve(eng.spec, asleep=spec.asleep))
-            if not eng.health:  # a headless member: its head's API server sleeps the gang
-                continue
-            rid = spec.replica_id
+            try:
+                write_record(self._sup.work_dir, eng.record)
+            except OSError as exc:  # it sleeps or wakes anyway; the server's next set says again
+                log.warning("engine %s: cannot write its record: %s", spec.replica_id, exc)
+            self._follow_sleep(eng)
 
-            def wanted(rid: str = rid, eng: _Engine = eng) -> bool | None:
-                return eng.spec.asleep if self._engines.get(rid) is eng else None
+    def _follow_sleep(self, eng: _Engine) -> None:
+        if not eng.health:  # a headless member: its head's API server sleeps the gang
+            return
+        rid = eng.spec.replica_id
 
-            self._nursery_or_raise().start_soon(
-                engine_sleep.follow, self._config.mgmt_addr, spec.port, rid, wanted)
+        def wanted() -> bool | None:
+            return eng.spec.asleep if self._engines.get(rid) is eng else None
+
+        self._nursery_or_raise().start_soon(
+            engine_sleep.follow, self._config.mgmt_addr, eng.spec.port, rid, wanted)
 
     def _unreadable_copy(self, eng: _Engine, tail: tuple[str, ...]) -> str:
         """An engine that died starting, whose log says its weights could not be read:
@@ -374,6 +381,8 @@ class Supervisor:
             eng.settled.set()
         if phase is Phase.READY and eng.adapters is not None:
             eng.adapters.poke()  # a fresh or restarted engine has none of them yet
+        if phase is Phase.READY and was is not Phase.READY and eng.spec.asleep:
+            self._follow_sleep(eng)  # started (or adopted) while its deployment sleeps
         if phase is was:
             return  # a no-op pair of the table: nothing to report
         state = reported(phase)
