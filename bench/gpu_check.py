@@ -39,6 +39,13 @@ suite runs that mode and steps 1-4 against tests/fakes (tests/integration/
 test_gpu_check_simulated.py, tests/unit/test_gpu_check.py): only a GPU run checks real
 NVML, nvidia-smi, CUDA, vLLM's own memory use and the driver's release of it.
 
+Not a step yet (issue 25, autoscale.sleep_when_idle; sleep mode needs CUDA, so the suite
+checks it on the simulated engine only): a deployment with `sleep_when_idle: true` and a
+short `idle_to_zero`, idle until `GET /is_sleeping` says true; then NVML's used memory of
+its GPU (should fall to about the CUDA context: weights and KV cache freed), the seconds
+from a request through the router to its first token (vLLM publishes 0.1-0.4 s for the
+wake itself), and the engine's pid unchanged.
+
 The JSON (`--out`): {"check", "mode", "deadline_s", "seconds", "passed",
 "steps": [{"name", "status": "pass"|"fail"|"not run", "seconds", "figures", "notes"}],
 "steps_not_in_mode"}. It is written again after every step, so a run cut short leaves
