@@ -2,8 +2,8 @@
 agents on loopback, simulated GPUs and engines, and a probe double named in agent.yaml
 (engines.preflight_probe, for tests only) that takes 3 s, then passes at 50 GB/s. The
 two-node replica is `preflight` while it runs, then starts and is ready; describe replica
-shows each member's figures, describe node the fabric's last figures, and the server's
-metrics llmgw_server_preflight_busbw_gbps{fabric}."""
+shows each member's figures, describe node and ctl status the fabric's last figures, and the
+server's metrics llmgw_server_preflight_busbw_gbps{fabric}."""
 
 from __future__ import annotations
 
@@ -78,5 +78,8 @@ def test_the_replica_waits_in_preflight_then_shows_its_figures(tmp_path: Path) -
         assert ("pre-flight on ib-a: 50 GB/s bus bandwidth (slowest member of gang-0, a1, a2)"
                 in c.ctl("describe", "node", "a1").stdout)
         assert busbw(metrics) == {"ib-a": 50.0}
+        st = c.status()  # ctl status -o json: the status document
+        assert st["preflight"]["ib-a"]["busbw_gbps"] == 50.0, st.get("preflight")
+        assert "pre-flight on ib-a: 50 GB/s" in c.ctl("status").stdout
     finally:
         c.close()

@@ -55,6 +55,7 @@ from llmgw.server.status import (
     describe_replica,
     node_rows,
     not_ready_reason,
+    preflight_by_fabric,
     replica_rows,
     status_view,
 )
@@ -681,6 +682,6 @@ class Orchestrator:
                          + ", ".join(sorted(self.rebuilt)))
         notes += self.rebuild_notes
         return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
-                "notes": notes,
+                "notes": notes, "preflight": preflight_by_fabric(self),  # per fabric (issue 22)
                 # Per API key x model since this server started (issue 24; `ctl usage`: stored).
                 "usage": self.apikeys.usage_totals.rows()}
