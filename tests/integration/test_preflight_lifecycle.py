@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fakes.browser import Browser, available
 from fakes.engines import free_port
 from fakes.live import Cluster, wait_for
 from fakes.sysfs import add_hca
@@ -81,5 +82,15 @@ def test_the_replica_waits_in_preflight_then_shows_its_figures(tmp_path: Path) -
         st = c.status()  # ctl status -o json: the status document
         assert st["preflight"]["ib-a"]["busbw_gbps"] == 50.0, st.get("preflight")
         assert "pre-flight on ib-a: 50 GB/s" in c.ctl("status").stdout
+        if available():  # the status page's fabrics table (headless Chromium)
+            b = Browser(tmp_path / "chromedriver.log")
+            try:
+                b.get(f"http://127.0.0.1:{metrics}/?token={TOKEN}")
+                cell = "return (document.querySelector('tr[data-fabric=\"ib-a\"] [data-field=preflight]')" \
+                       " || {}).textContent || ''"
+                wait_for(lambda: b.js(cell) == "50.0 GB/s (gang-0: a1, a2)", 20,
+                         "the fabric's pre-flight on the status page")
+            finally:
+                b.close()
     finally:
         c.close()

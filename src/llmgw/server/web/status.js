@@ -135,7 +135,15 @@ function deploymentRow(d) {
     el("td", {}, stateBadge(String(d.status).startsWith("unschedulable") ? "pending" : d.status)));
 }
 
-function fabricRow(f) {
+// The last passed pre-flight on the fabric (issue 22; the document's "preflight").
+function preflightCell(p) {
+  if (!p) return el("td", {"data-field": "preflight"}, el("span", {class: "muted"}, "-"));
+  const who = Object.keys(p.members || {}).sort().join(", ");
+  return el("td", {"data-field": "preflight"},
+    `${Number(p.busbw_gbps).toPrecision(3)} GB/s (${p.replica}: ${who})`);
+}
+
+function fabricRow(f, preflight) {
   const models = el("td", {});
   for (const m of f.models || []) {
     const where = [];
@@ -149,7 +157,7 @@ function fabricRow(f) {
     el("td", {class: "mono"}, f.name),
     el("td", {}, (f.nodes || []).join(", ") + down),
     el("td", {class: "num"}, f.gpus),
-    models);
+    models, preflightCell(preflight[f.name]));
 }
 
 function render(doc) {
@@ -159,7 +167,8 @@ function render(doc) {
   fillBody("nodes", nodes.map(nodeRow), "no nodes have said Hello", 9);
   fillBody("replicas", replicas.map(replicaRow), "no replicas", 8);
   fillBody("deployments", deployments.map(deploymentRow), "no deployments", 5);
-  fillBody("fabrics", (doc.fabrics || []).map(fabricRow), "no fabrics", 4);
+  const preflight = doc.preflight || {};
+  fillBody("fabrics", (doc.fabrics || []).map((f) => fabricRow(f, preflight)), "no fabrics", 5);
   const islands = doc.islands || [];
   document.getElementById("islands").textContent = islands.length
     ? "Islands (no fabric; single-node replicas only): " + islands.join(", ") : "";
