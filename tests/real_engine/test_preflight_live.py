@@ -2,8 +2,9 @@
 fabric, a two-node replica. Before either member's engine starts, each agent runs llmgw's
 probe with the vLLM CPU environment's Python (torch) and the engine's own environment:
 torch.distributed over Gloo on 127.0.0.1 at the head's rendezvous port, an all-reduce
-checked for correctness and timed. The engines start only after it passed; each member's
-figures are in its engine log and its folder's preflight.json.
+checked for correctness and timed. The replica is `preflight` while it runs; the engines
+start only after it passed; each member's figures are in its engine log, its folder's
+preflight.json and `describe replica`.
 
 The engine is the simulated one (vLLM's CPU build across two "nodes" on two cores would
 take minutes and prove nothing more about the probe); `engines.preflight_python` names
@@ -84,5 +85,12 @@ def test_two_nodes_pass_the_gloo_preflight_before_their_engines_start(rig: Rig, 
         # The probe's verdict comes before the engine's first line: it ran first.
         passed = log.index("llmgw launcher: pre-flight passed: gloo x2")
         assert log.index("llmgw launcher: exec engine") > passed, log
+    # The replica waited in its pre-flight state, and describe shows each member's figures.
+    r = c.ctl("describe", "replica", "gang-0", "-o", "json")
+    d = json.loads(r.stdout)
+    assert any(e["text"] == "pre-flight: the probe runs on " + ", ".join(d["nodes"])
+               for e in d["events"]), d["events"]
+    assert sorted(d["preflight"]) == ["a1", "a2"], d["preflight"]
+    assert all(x.startswith("passed: gloo x2, 4 MiB at ") for x in d["preflight"].values()), d
     print(f"\npre-flight two-node replica: ready {took:.1f}s after apply; "
           f"probe {result['seconds']:.1f}s; {result['line']}")
