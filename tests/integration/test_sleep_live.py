@@ -66,6 +66,8 @@ def test_idle_sleeps_and_a_request_wakes_the_same_process(rig: Rig) -> None:  # 
     wait_for(lambda: _is_sleeping(endpoint), 20, "the engine asleep", interval=0.1)
     asleep_after = time.monotonic() - t_idle
     assert rig.desired() == 1  # the count stays: the replica sleeps, it is not stopped
+    wait_for(lambda: rig.status()["replicas"][0].get("asleep") is True, 10, "status: asleep")
+    assert rig.status()["replicas"][0]["reason"] == "asleep: the next request wakes it"
     assert _record(rig.root)["pid"] == pid
     time.sleep(1.5)  # the router's table catches up: the model is cold, not gone
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
@@ -75,6 +77,7 @@ def test_idle_sleeps_and_a_request_wakes_the_same_process(rig: Rig) -> None:  # 
     assert woken["done"], (woken, rig.logs())
     ttft = woken["first"] - woken["t0"]
     assert not _is_sleeping(endpoint)
+    assert "asleep" not in rig.status()["replicas"][0]
     events = rig.events()
     assert _record(rig.root)["pid"] == pid, events  # the same process answered
     for text in ("asleep (sleep_when_idle)", "woken from sleep by requests", "asleep: its engines"):

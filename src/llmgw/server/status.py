@@ -120,6 +120,9 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
         # Out of the routers' tables since drain_since; stopped by drain_until at the latest.
         row["drain_since"] = r.drain_since
         row["drain_until"] = r.drain_until
+    if r.spec.asleep:  # sleep_when_idle (server/sleeping.py): placed, its engines asleep
+        row["asleep"] = True
+        row["reason"] = r.reason or "asleep: the next request wakes it"
     return row
 
 
@@ -154,6 +157,8 @@ def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> s
         return "crash-looping"
     if o.holding and any(r.state == ReplicaState.HELD for r in mine):
         return o.holding
+    if d.asleep:
+        return "asleep (the next request wakes it)"
     return "ready" if ready >= d.replicas else "progressing"
 
 
