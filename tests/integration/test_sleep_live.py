@@ -69,7 +69,11 @@ def test_idle_sleeps_and_a_request_wakes_the_same_process(rig: Rig) -> None:  # 
     wait_for(lambda: rig.status()["replicas"][0].get("asleep") is True, 10, "status: asleep")
     assert rig.status()["replicas"][0]["reason"] == "asleep: the next request wakes it"
     assert _record(rig.root)["pid"] == pid
+    # The same file applied again (as config management does) changes nothing: it sleeps on.
+    again = rig.c.ctl("apply", "-f", str(f))
+    assert again.returncode == 0 and "unchanged" in again.stdout.lower(), again.stdout
     time.sleep(1.5)  # the router's table catches up: the model is cold, not gone
+    assert _is_sleeping(endpoint)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
         assert [m["id"] for m in json.loads(resp.read())["data"]] == ["org/sim"]
 

@@ -430,7 +430,7 @@ class Orchestrator:
             # With autoscale the file's replicas is only where a new deployment starts:
             # an apply keeps the count the autoscaler (or a pin) set, within min..max.
             a = d.autoscale
-            d = evolve(d, replicas=min(max(old.replicas, a.min), a.max))
+            d = evolve(d, replicas=min(max(old.replicas, a.min), a.max), asleep=old.asleep and d.sleep_mode)
         if old == d:
             return {"deployment": d.name, "changed": False}
         clash = adapters.name_conflict(d, self.deployments)
