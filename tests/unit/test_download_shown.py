@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from llmgw.ctl.render import _describe_replica
+from llmgw.ctl.render import _describe_node, _describe_replica
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
-from llmgw.server.status import member_downloads, replica_rows
+from llmgw.model.inventory import StorageReport
+from llmgw.server.status import _storage, member_downloads, replica_rows
 
 LINE = "12.3 GB on disk, 210.0 MB/s"
 DEP = Deployment(name="big", model="org/big", engine=EngineKind.SIMULATED, gpus_per_node=1,
@@ -52,3 +53,13 @@ def test_describe_renders_one_line_or_one_per_node() -> None:
     i = lines.index("Download:")
     assert lines[i + 1:i + 3] == [f"  n1: {LINE}", "  n2: 1.0 GB on disk, 0 B/s"]
     assert "Download" not in _describe_replica({**base, "download": {}})
+
+
+def test_describe_node_names_download_dir_and_its_space() -> None:
+    base = {"id": "n1", "state": "ready", "heartbeat_age": 0, "gpus": []}
+    shown = _storage(StorageReport(True, (), "/data/dl", 40 * 2**30))
+    assert shown["download_dir"] == "/data/dl" and shown["download_free"] == 40 * 2**30
+    assert "Downloads: /data/dl (40.0 GiB free)" in _describe_node({**base, "storage": shown})
+    unknown = _storage(StorageReport(False, (), "/data/dl", -1))
+    assert "Downloads: /data/dl (free space unknown)" in _describe_node({**base, "storage": unknown})
+    assert "Downloads" not in _describe_node({**base, "storage": _storage(StorageReport(True))})

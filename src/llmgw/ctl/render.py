@@ -71,6 +71,18 @@ def _storage(n: dict[str, Any]) -> str:
     return text
 
 
+def _download_dir(n: dict[str, Any]) -> list[str]:
+    """Where the node's engines download a model it holds no copy of, with the space free
+    there (placement refuses a download that would not fit); [] when none is set."""
+    s = n.get("storage") or {}
+    where = s.get("download_dir")
+    if not where:
+        return []
+    free = s.get("download_free", -1)
+    room = f"{free / 2**30:.1f} GiB free" if isinstance(free, int) and free >= 0 else "free space unknown"
+    return [f"Downloads: {where} ({room})"]
+
+
 def _age(n: dict[str, Any]) -> str:
     return f"{n.get('heartbeat_age', 0):.0f}s"
 
@@ -211,7 +223,7 @@ def _describe_node(n: dict[str, Any]) -> str:
                               or "-"),
              "Fabrics:   " + (", ".join(f"{f['name']} ({f['state']}: {', '.join(f.get('hcas', []))})"
                                        for f in n.get("fabrics", [])) or "none (island)"),
-             f"Storage:   {_storage(n)}", "", f"GPUs: {_gpus(n)}"]
+             f"Storage:   {_storage(n)}", *_download_dir(n), "", f"GPUs: {_gpus(n)}"]
     gpus = n.get("gpus") or []
     if gpus:
         lines.append(table(["INDEX", "NAME", "STATE", "MEMORY FREE/TOTAL", "NUMA", "NVLINK PEERS"], [

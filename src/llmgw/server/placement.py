@@ -154,7 +154,7 @@ def _room(n: _Node, need: int) -> str:
     its free space is not known."""
     if need <= 0 or n.download_free < 0 or n.download_free >= need:
         return ""
-    return (f"download_dir {_text(n.download_dir)} has {_gib_bytes(n.download_free)} free, "
+    return (f"download_dir {_text(n.download_dir, _PATH_CHARS)} has {_gib_bytes(n.download_free)} free, "
             f"the model needs {_gib_bytes(need)}")
 
 
@@ -351,6 +351,7 @@ _DETAILED = 3  # nodes whose GPUs one reason names, the closest to fitting first
 _DETAIL_CHARS = 300  # of one node's account
 _ITEMS = 2  # problems or processes named per group of GPUs; the rest are counted
 _TEXT_CHARS = 48  # of one problem, command or releasing reason, as the agent sent it
+_PATH_CHARS = 160  # of a download_dir named in a reason: the operator must find it
 
 
 def _reject(n: _Node, d: Deployment, exclude: frozenset[str]) -> str:
@@ -411,10 +412,10 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.0f} GiB" if mib >= 10240 else f"{mib / 1024:.1f} GiB"
 
 
-def _text(s: str) -> str:
+def _text(s: str, limit: int = _TEXT_CHARS) -> str:
     """What a node sent, fit for one line of a reason: printable, bounded."""
-    s = "".join(c if c.isprintable() else "?" for c in s[: _TEXT_CHARS + 1])
-    return s if len(s) <= _TEXT_CHARS else s[: _TEXT_CHARS - 1] + "…"
+    s = "".join(c if c.isprintable() else "?" for c in s[: limit + 1])
+    return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
 def _listed(items: list[str]) -> str:

@@ -19,10 +19,13 @@ if TYPE_CHECKING:
 
 
 def _storage(s: StorageReport) -> dict[str, Any]:
+    # Where an engine with no copy downloads, and the space there (issue 23): -1 unknown.
+    where = {"download_dir": s.download_dir, "download_free": s.download_free} if s.download_dir else {}
     if not s.asked:
-        return {"asked": False}
+        return {"asked": False, **where}
     return {
         "asked": True,
+        **where,
         "models": [
             {"name": m.name, "path": m.path, "complete": m.complete, "shared": m.shared,
              "store": m.store, "size": m.size, "reason": m.reason}
