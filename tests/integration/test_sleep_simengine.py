@@ -71,6 +71,8 @@ async def test_a_request_to_a_sleeping_engine_waits_and_is_answered_once_woken(
 async def test_vllms_refusals(engine: SimEngineProcess, tmp_path: Path) -> None:
     status, body = await call(engine.host, engine.port, "POST", "/sleep?level=3", timeout=5)
     assert status == 400 and json.loads(body)["error"]["type"] == "BadRequestError"
+    status, body = await call(engine.host, engine.port, "POST", "/sleep?level=1&mode=drain", timeout=5)
+    assert status == 400 and "mode" in json.loads(body)["error"]["message"]
     status, _ = await call(engine.host, engine.port, "GET", "/sleep", timeout=5)
     assert status == 405
     # Without VLLM_SERVER_DEV_MODE vLLM mounts none of them.

@@ -45,7 +45,10 @@ async def is_sleeping(host: str, port: int, *, timeout: float = 5.0) -> bool:
 
 async def sleep(host: str, port: int, *, timeout: float = 60.0) -> None:
     """Free the engine's GPU memory (level 1); returns once vLLM says it sleeps."""
-    status, body = await call(host, port, "POST", f"/sleep?level={SLEEP_LEVEL}", timeout=timeout)
+    # mode=wait: vLLM lets the requests it runs finish, queueing new ones, before it sleeps;
+    # its default (abort) would kill one that arrived as the autoscaler decided.
+    status, body = await call(host, port, "POST", f"/sleep?level={SLEEP_LEVEL}&mode=wait",
+                              timeout=timeout)
     if status != 200:
         raise EngineError(f"POST /sleep: HTTP {status}: {body[:200]!r}")
 

@@ -138,7 +138,11 @@ class SimEngine:
         return not self._awake.is_set()
 
     async def _sleep(self, ex: Exchange) -> None:
-        raw = _query(ex.target).get("level", "1")
+        query = _query(ex.target)
+        raw = query.get("level", "1")
+        mode = query.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):  # vLLM's PauseMode, checked by FastAPI
+            raise BadRequest(f"query.mode: expected 'abort', 'wait' or 'keep', got {mode!r}")
         try:
             level = int(raw)
         except ValueError:
@@ -150,8 +154,8 @@ class SimEngine:
             # vLLM's worker refuses to free memory it did not allocate with cumem.
             raise BadRequest("Sleep mode is not enabled in the model config", 500,
                              "InternalServerError")
-        # Mode "abort" (vLLM's default) aborts what runs; the autoscaler sleeps an idle
-        # engine only, and this copy lets what runs finish.
+        # Mode "abort" (vLLM's default) aborts what runs, "wait" lets it finish first; the
+        # agent asks for wait, and this copy lets what runs finish in every mode.
         if self._awake.is_set():
             self._awake = trio.Event()
         self.sleep_level = level
