@@ -77,7 +77,10 @@ def test_rediscover_on_demand_reports_a_new_model(cluster: Cluster, tmp_path: Pa
     cluster.start_server()
     cluster.start_agent("gpu-a-01", model_dirs=[str(store)])
     cluster.wait_states({"gpu-a-01": "ready"})
-    assert cluster.status()["nodes"][0]["storage"] == {"asked": True, "models": []}
+    storage = cluster.status()["nodes"][0]["storage"]
+    assert storage["asked"] is True and storage["models"] == []
+    # download_dir by default is the first model_dirs entry (issue 23), with its space.
+    assert storage["download_dir"] == str(store) and storage["download_free"] > 0
     plain_model(store, "org/fresh")
     r = cluster.ctl("rediscover", "gpu-a-01")
     assert r.returncode == 0 and "asked gpu-a-01" in r.stdout
