@@ -92,6 +92,15 @@ def test_query_gpu_second_line_for_a_uuid_is_a_warning() -> None:
     assert "listed twice" in reading.warnings[0]
 
 
+def test_a_warning_is_bounded_however_its_line_quotes() -> None:
+    """Control and unprintable characters grow up to tenfold in a quote (found by the
+    property test below): the bound is on the quoted text."""
+    weird = "\x1b\U00018cd6" * 60
+    reading = parse_query_gpu(f"0, GPU-{weird}, {weird}, {weird}, x{weird}, {weird}, 9.0\n{weird}")
+    assert len(reading.warnings) == 2 and all(len(w) < 400 for w in reading.warnings)
+    assert "…" in reading.warnings[0]
+
+
 _cell = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 _garbage_line = st.one_of(
     st.text(max_size=200),

@@ -20,6 +20,9 @@ GIB = 1024**3
 
 def gpu_check() -> ModuleType:
     path = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    # It imports its sibling modules (gpu_check_steps) as a script run from bench/ would.
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -49,7 +49,7 @@ def normalise_bus_id(raw: str) -> str:
     """
     m = _BUS_ID.match(raw.strip())
     if m is None:
-        raise GpuOutputError(f"not a PCI bus id: {raw!r}")
+        raise GpuOutputError(f"not a PCI bus id: {_quote(raw)}")
     domain = int(m["domain"] or "0", 16)
     return f"{domain:08X}:{int(m['bus'], 16):02X}:{int(m['dev'], 16):02X}.{m['fn']}"
 
@@ -67,8 +67,11 @@ LINE_MAX = 120
 BAD_LINES_MAX = 8
 
 
-def _quote(line: str) -> str:
-    return repr(line if len(line) <= LINE_MAX else line[:LINE_MAX] + "…")
+def _quote(text: str) -> str:
+    """`text` quoted, at most LINE_MAX characters as quoted: a control or unprintable
+    character grows up to tenfold in repr, so the bound is on the quote, not the input."""
+    quoted = repr(text[: LINE_MAX + 1])
+    return quoted if len(quoted) <= LINE_MAX else quoted[:LINE_MAX] + "…"
 
 
 def _int(value: str, what: str) -> int:
@@ -77,7 +80,7 @@ def _int(value: str, what: str) -> int:
     try:
         return int(float(value))
     except (ValueError, OverflowError):
-        raise GpuOutputError(f"bad {what} {value[:LINE_MAX]!r}") from None
+        raise GpuOutputError(f"bad {what} {_quote(value)}") from None
 
 
 def _parse_line(line: str) -> Gpu:
@@ -88,7 +91,7 @@ def _parse_line(line: str) -> Gpu:
         raise GpuOutputError(f"expected {len(QUERY_FIELDS)} fields, got {len(cells)}")
     index, uuid, name, total, free, bus, cap = cells
     if not uuid.startswith(("GPU-", "MIG-")):
-        raise GpuOutputError(f"bad GPU UUID {uuid[:LINE_MAX]!r}")
+        raise GpuOutputError(f"bad GPU UUID {_quote(uuid)}")
     return Gpu(
         index=_int(index, "index"),
         uuid=uuid,
@@ -125,7 +128,7 @@ def parse_query_gpu(text: str) -> QueryReading:
         try:
             gpu = _parse_line(line)
             if gpu.uuid in seen:
-                raise GpuOutputError(f"UUID {gpu.uuid[:LINE_MAX]!r} listed twice")
+                raise GpuOutputError(f"UUID {_quote(gpu.uuid)} listed twice")
         except GpuOutputError as exc:
             bad.append(f"unreadable nvidia-smi line {_quote(line)}: {exc}")
             continue
