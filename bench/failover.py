@@ -241,7 +241,7 @@ def run(n: int, lease: float, interval: float, per_worker: int, fault: str = "si
         workers: list[subprocess.Popen[bytes]] = []
         try:
             # The first leads (it starts alone and wins the empty lease); the second waits.
-            from llmgw.server.store_pg import FREEZE_ENV
+            from llmgw.server.store.postgres import FREEZE_ENV
 
             freeze = root / "freeze"
             os.environ[FREEZE_ENV] = str(freeze)  # armed only when the file is written

@@ -34,8 +34,8 @@ from attrs import evolve  # noqa: E402
 from fakes.cluster import synthetic  # noqa: E402
 from llmgw.model.deployment import Deployment, ReplicaState, Strategy  # noqa: E402
 from llmgw.model.engine import EngineKind, EngineReport, EngineState  # noqa: E402
-from llmgw.server.placement import ClusterView, Placement, place  # noqa: E402
-from llmgw.server.reconcile import NodeDelta, ReconcileState, reconcile_dirty  # noqa: E402
+from llmgw.server.placement.place import ClusterView, Placement, place  # noqa: E402
+from llmgw.server.reconcile.rules import NodeDelta, ReconcileState, reconcile_dirty  # noqa: E402
 
 
 def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:

@@ -122,8 +122,8 @@ AUTH = b""  # the Authorization header line every request carries (keys mode)
 def key_sources() -> dict[str, Any]:
     """A key table, leases and a usage sink for a router with keys on, in its process."""
     from llmgw.model.apikey import ApiKeyRecord, hash_secret
-    from llmgw.server.control import Peer
-    from llmgw.server.limits import LimitBooks
+    from llmgw.server.peers.sessions import Peer
+    from llmgw.server.tenants.limits import LimitBooks
 
     table = {"version": "v1", "keys": [{"name": "bench", "sha256": hash_secret(SECRET),
                                         "rpm": 10**9, "tpm": 10**12}]}

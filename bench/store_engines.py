@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fakes.cluster import cluster, node  # noqa: E402
 from llmgw.model.deployment import Deployment  # noqa: E402
 from llmgw.model.engine import EngineKind  # noqa: E402
-from llmgw.server.reconcile import reconcile  # noqa: E402
-from llmgw.server.store import SqlStore, Store, StoredEvent  # noqa: E402
+from llmgw.server.reconcile.rules import reconcile  # noqa: E402
+from llmgw.server.store.sql import SqlStore, Store, StoredEvent  # noqa: E402
 
 
 def figures(store: SqlStore, replicas: int, n: int) -> dict[str, float]:
@@ -62,7 +62,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Store(str(Path(tmp) / "state.db")) as s:
         print("sqlite    ", {k: round(v, 2) for k, v in figures(s, a.replicas, a.n).items()})
     from fakes.postgres import PgServer, pg_bin
-    from llmgw.server.store_pg import PgStore
+    from llmgw.server.store.postgres import PgStore
 
     server = None
     url = a.pg_url

@@ -42,7 +42,7 @@ from llmgw.http1.client import get
 from llmgw.model.inventory import GpuSource
 from llmgw.router.service import serve_router
 from llmgw.router.tenants import tenant_sources
-from llmgw.server.service import serve_server
+from llmgw.server.peers.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request
 from llmgw.transport.requests import ApplyOp, EndpointsOp, GetOp, GetWhat, LoadReportOp, Op

@@ -15,7 +15,7 @@ from llmgw.model.inventory import (
     StorageReport,
 )
 from llmgw.model.node import NodeState
-from llmgw.server.placement import NodeView
+from llmgw.server.placement.place import NodeView
 
 
 def gpus(

@@ -28,7 +28,7 @@ from fakes.live import wait_for
 from fakes.postgres import PgServer
 from fakes.tcpproxy import TcpProxy
 from llmgw.model.deployment import Deployment
-from llmgw.server.store_pg import FREEZE_ENV
+from llmgw.server.store.postgres import FREEZE_ENV
 from llmgw.transport.client import request
 from llmgw.transport.follow import NotLeaderError
 from llmgw.transport.requests import ApplyOp

@@ -15,9 +15,9 @@ import os
 import pytest
 import trio
 
-from llmgw.server.ha import LeaseKeeper
-from llmgw.server.store import FencedError
-from llmgw.server.store_pg import PgStore
+from llmgw.server.store.leadership import LeaseKeeper
+from llmgw.server.store.postgres import PgStore
+from llmgw.server.store.sql import FencedError
 
 pytestmark = [pytest.mark.slow, pytest.mark.failover]
 

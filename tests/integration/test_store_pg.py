@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from fakes.postgres import PgServer
-from llmgw.server.store import SCHEMA_VERSION, FencedError, StoredEvent, StoreError
-from llmgw.server.store_pg import PgStore, epoch_tag, redact
+from llmgw.server.store.postgres import PgStore, epoch_tag, redact
+from llmgw.server.store.sql import SCHEMA_VERSION, FencedError, StoredEvent, StoreError
 
 
 def test_servers_starting_together_migrate_once(pg_url: str) -> None:

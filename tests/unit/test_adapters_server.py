@@ -9,8 +9,8 @@ from attrs import evolve
 from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, ReplicaState
 from llmgw.model.engine import Adapter, EngineKind, EngineReport, EngineState
-from llmgw.server import adapters
-from llmgw.server.reconcile import desired_sets, reconcile
+from llmgw.server.reconcile import adapters
+from llmgw.server.reconcile.rules import desired_sets, reconcile
 
 SQL, CHAT = Adapter("m-sql", "/a/sql"), Adapter("m-chat", "/a/chat")
 

@@ -28,7 +28,7 @@ from llmgw.model.deployment import Member
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 from llmgw.model.inventory import Hca, IbPort, Inventory
 from llmgw.model.pcie import link_kind
-from llmgw.server.fabrics import member_nics
+from llmgw.server.placement.fabrics import member_nics
 
 # Two sockets, one host bridge and one PCIe switch each; under each switch two GPUs and
 # one HCA. mlx5_0 is on fabric ib-a, mlx5_1 on ib-b: two fabrics on one node.

@@ -9,9 +9,9 @@ import pytest
 import trio
 
 from llmgw.model.apikey import Budget, hash_secret
-from llmgw.server.apikeys import ApiKeys
-from llmgw.server.control import Peer, RequestError
-from llmgw.server.store import Store
+from llmgw.server.peers.sessions import Peer, RequestError
+from llmgw.server.store.sql import Store
+from llmgw.server.tenants.apikeys import ApiKeys
 from llmgw.transport.apikey_ops import (
     ApiKeyCreateOp,
     ApiKeyImportOp,

@@ -1,4 +1,4 @@
-"""The autoscaler's decision (server/autoscale.py) on plain data, and a model-based test over
+"""The autoscaler's decision (server/elastic/decide.py) on plain data, and a model-based test over
 random load traces: never outside [min, max], no flapping on constant load, a step up
 reached within scale_up_after plus one interval (issue 25)."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError
 from llmgw.model.autoscale import Autoscale, Target
-from llmgw.server.autoscale import Decision, LoadSample, ScaleMemory, decide, observe
+from llmgw.server.elastic.decide import Decision, LoadSample, ScaleMemory, decide, observe
 
 INTERVAL = 5.0
 

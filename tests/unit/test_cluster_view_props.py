@@ -19,8 +19,8 @@ from test_placement_props import deployments, node_views
 
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
-from llmgw.server.placement import ClusterView, NodeView, Placement, Unschedulable, place
-from llmgw.server.reconcile_state import NodeDelta, ReconcileState
+from llmgw.server.placement.place import ClusterView, NodeView, Placement, Unschedulable, place
+from llmgw.server.reconcile.state import NodeDelta, ReconcileState
 
 IDS = ("n0", "n1", "n2", "n3", "n4")
 

@@ -16,8 +16,8 @@ from llmgw.config.server import ServerConfig
 from llmgw.logbound import Throttle, clip
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
-from llmgw.server.control import TAIL_BYTES, ControlPlane, Outgoing
-from llmgw.server.service import run_plane
+from llmgw.server.peers.service import run_plane
+from llmgw.server.peers.sessions import TAIL_BYTES, ControlPlane, Outgoing
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (
@@ -133,7 +133,7 @@ def test_log_lines_about_one_peer_are_bounded(caplog: pytest.LogCaptureFixture) 
     big = msgpack.packb({"kind": "hello", "protocol": PROTOCOL_VERSION,
                          "node": {"node_id": "n1", "mgmt_addr": "x"},
                          "inventory": {"gpus": list(range(2000))}})
-    with caplog.at_level(logging.WARNING, logger="llmgw.server.control"):
+    with caplog.at_level(logging.WARNING, logger="llmgw.server.peers.sessions"):
         for _ in range(1000):
             cp.handle(b"r", OLD, big, 0.0)
             cp.handle(b"r", OLD, b"\xc1" * 5000, 0.0)
@@ -288,7 +288,7 @@ async def test_a_node_is_written_to_the_store_only_when_it_changed(tmp_path: Any
     unchanged node is not written again, a changed one is, and what is stored is what
     the server knows (issue 12)."""
     from llmgw.server.orchestrator import Orchestrator
-    from llmgw.server.store import Store
+    from llmgw.server.store.sql import Store
 
     keys = keyset(**{OLD: ("node", "n1")})
     gpu = Gpu(0, "GPU-0", "H100", 81920, 81000, "00000000:01:00.0", nvlink_peers={"GPU-1": 18})

@@ -10,7 +10,7 @@ from llmgw.model.inventory import (
     ModelCopy,
     StorageReport,
 )
-from llmgw.server.fabrics import fabric_view, islands
+from llmgw.server.placement.fabrics import fabric_view, islands
 
 LLAMA = "meta-llama/Llama-3.1-70B"
 NFS = "10.0.0.5:/export/models"

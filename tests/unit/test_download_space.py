@@ -16,8 +16,8 @@ from llmgw.config.agent import ModelDirConfig
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import Inventory, StorageReport
-from llmgw.server.cluster_view import NodeView
-from llmgw.server.placement import ClusterView, Placement, Unschedulable, place
+from llmgw.server.placement.cluster_view import NodeView
+from llmgw.server.placement.place import ClusterView, Placement, Unschedulable, place
 
 GIB = 2**30
 

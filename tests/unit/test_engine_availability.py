@@ -18,8 +18,8 @@ from llmgw.model.deployment import Deployment, Member
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import EngineAvailability, Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.control import CONFLICT_PORT_TTL, MAX_CONFLICT_PORTS, Node
-from llmgw.server.placement import ClusterView, NodeView, Placement, Unschedulable, place
+from llmgw.server.peers.sessions import CONFLICT_PORT_TTL, MAX_CONFLICT_PORTS, Node
+from llmgw.server.placement.place import ClusterView, NodeView, Placement, Unschedulable, place
 
 
 def cfg(**engines: object) -> AgentConfig:

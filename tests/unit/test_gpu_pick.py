@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fakes.sysfs import EIGHT_GPU_NUMA, eight_gpu_layout
 from llmgw.model.inventory import Gpu
 from llmgw.model.pcie import RANK, link_kind
-from llmgw.server.gpu_pick import pick_gpus
+from llmgw.server.placement.gpu_pick import pick_gpus
 
 
 def gpu(name: str, path: tuple[str, ...], numa: int | None, index: int = 0) -> Gpu:

@@ -12,10 +12,10 @@ import trio.testing
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.config.server import ServerConfig
-from llmgw.server.control import ControlPlane, Outgoing
-from llmgw.server.ha import LeaseKeeper, reason
-from llmgw.server.service import run_plane
-from llmgw.server.store import FencedError, StoreError
+from llmgw.server.peers.service import run_plane
+from llmgw.server.peers.sessions import ControlPlane, Outgoing
+from llmgw.server.store.leadership import LeaseKeeper, reason
+from llmgw.server.store.sql import FencedError, StoreError
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import NotLeader, Reply, Request

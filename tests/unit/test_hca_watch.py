@@ -16,8 +16,8 @@ from llmgw.agent.hca_watch import HcaHealth, PortSample, parse_counter, read_sam
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import FabricReport, FabricState, Hca, IbPort, Inventory
-from llmgw.server.fabrics import sick_hcas, usable_fabrics
-from llmgw.server.placement import Placement, place
+from llmgw.server.placement.fabrics import sick_hcas, usable_fabrics
+from llmgw.server.placement.place import Placement, place
 
 
 def counters(root: Path, hca: str, port: int = 1, **values: int) -> None:

@@ -23,7 +23,7 @@ def _reach(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["llmgw.http1.serve", "llmgw.http1.client", "llmgw.agent.run",
-                                    "llmgw.server.service", "llmgw.dev"])
+                                    "llmgw.server.peers.service", "llmgw.dev"])
 def test_no_router_module_is_loaded(module: str) -> None:
     reached = _reach(module)
     assert module in reached

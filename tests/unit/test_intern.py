@@ -6,7 +6,7 @@ from attrs import evolve
 
 from fakes.cluster import node
 from llmgw.model.inventory import Hca, IbPort, Inventory
-from llmgw.server.intern import MAX_WEIGHT, Interner
+from llmgw.server.peers.intern import MAX_WEIGHT, Interner
 from llmgw.transport import codec
 from llmgw.transport.messages import InventoryChanged
 

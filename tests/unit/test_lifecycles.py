@@ -12,8 +12,9 @@ from llmgw.errors import LlmgwError
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineState
 from llmgw.model.node import NodeState
-from llmgw.server import node_states, replica_states
-from llmgw.server.replica_states import (
+from llmgw.server.peers import node_states
+from llmgw.server.reconcile import replica_states
+from llmgw.server.reconcile.replica_states import (
     BACKING_OFF,
     ROUTABLE,
     WANTS_ENGINES,

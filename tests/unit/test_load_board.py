@@ -1,5 +1,5 @@
-"""The routers' load reports summed per deployment (issue 25): server/load_board.py and the
-autoscaler's step (server/autoscaler.py), without I/O."""
+"""The routers' load reports summed per deployment (issue 25): server/elastic/load_board.py and the
+autoscaler's step (server/elastic/autoscaler.py), without I/O."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from llmgw.config.deployment import parse_deployment
 from llmgw.model.deployment import Deployment
-from llmgw.server.autoscaler import Autoscaler, Change, served_names
-from llmgw.server.load_board import LoadBoard
+from llmgw.server.elastic.autoscaler import Autoscaler, Change, served_names
+from llmgw.server.elastic.load_board import LoadBoard
 from llmgw.transport import codec
 from llmgw.transport.messages import Request
 from llmgw.transport.requests import LoadReportOp, ModelLoad

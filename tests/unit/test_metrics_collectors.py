@@ -17,9 +17,9 @@ from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.autoscaler import Autoscaler
-from llmgw.server.control import ControlPlane, Node
+from llmgw.server.elastic.autoscaler import Autoscaler
 from llmgw.server.metrics import STORE_WRITES, ServerMetrics, TimedStore, placed_count
+from llmgw.server.peers.sessions import ControlPlane, Node
 
 GIB = 1024**3
 

@@ -18,8 +18,8 @@ from llmgw.config.server import ServerConfig
 from llmgw.errors import RefusedError
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.control import ControlPlane, Outgoing
-from llmgw.server.service import run_plane
+from llmgw.server.peers.service import run_plane
+from llmgw.server.peers.sessions import ControlPlane, Outgoing
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import DesiredSet, Hello, Message

@@ -14,9 +14,9 @@ from llmgw.config.server import ServerConfig
 from llmgw.model.deployment import Deployment, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
-from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.orchestrator import Orchestrator
-from llmgw.server.store import Store
+from llmgw.server.peers.sessions import ControlPlane, Outgoing
+from llmgw.server.store.sql import Store
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import DesiredSet, EngineChanged, Hello

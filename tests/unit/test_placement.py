@@ -18,7 +18,7 @@ from llmgw.model.deployment import (
 from llmgw.model.engine import EngineKind, EngineSpec
 from llmgw.model.inventory import FabricState
 from llmgw.model.node import NodeState
-from llmgw.server.placement import ClusterView, Placement, Unschedulable, place
+from llmgw.server.placement.place import ClusterView, Placement, Unschedulable, place
 from llmgw.transport.codec import converter
 
 

@@ -11,7 +11,7 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import Gpu, GpuProcess
-from llmgw.server.placement import ClusterView, NodeView, Placement, Unschedulable, place
+from llmgw.server.placement.place import ClusterView, NodeView, Placement, Unschedulable, place
 
 GIB = 1024
 TOTAL = 81559  # an H100 80GB, MiB

@@ -14,8 +14,8 @@ from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.gpu_need import memory_need
 from llmgw.model.inventory import FabricState, GpuProcess, StorageReport
 from llmgw.model.node import NodeState
-from llmgw.server.placement import ClusterView, NodeView, Placement, place
-from llmgw.server.reconcile import desired_sets, reconcile
+from llmgw.server.placement.place import ClusterView, NodeView, Placement, place
+from llmgw.server.reconcile.rules import desired_sets, reconcile
 
 MODEL = "org/m"
 FABRICS = ("ib-a", "ib-b")

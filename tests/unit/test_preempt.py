@@ -1,4 +1,4 @@
-"""Priorities when GPUs run out (issue 25): server/preempt.py, pure, and the autoscaler's
+"""Priorities when GPUs run out (issue 25): server/placement/preempt.py, pure, and the autoscaler's
 memory of a take in flight."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from attrs import evolve
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
-from llmgw.server.autoscaler import PREEMPT_RETRY, Autoscaler
-from llmgw.server.preempt import choose
+from llmgw.server.elastic.autoscaler import PREEMPT_RETRY, Autoscaler
+from llmgw.server.placement.preempt import choose
 
 NO_GPUS = "0/1 nodes fit: 1 lacked 1 free GPU"
 

@@ -1,4 +1,4 @@
-"""State rebuilt from the engines the nodes run (server/rebuild.py), and a reconcile pass
+"""State rebuilt from the engines the nodes run (server/reconcile/rebuild.py), and a reconcile pass
 after it that changes nothing."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Replica
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
-from llmgw.server.placement import NodeView
-from llmgw.server.rebuild import rebuild
-from llmgw.server.reconcile import reconcile
+from llmgw.server.placement.place import NodeView
+from llmgw.server.reconcile.rebuild import rebuild
+from llmgw.server.reconcile.rules import reconcile
 
 D = Deployment("demo", "org/m", EngineKind.VLLM, 8, 2, selector={"pool": "a"}, args=("--x",))
 

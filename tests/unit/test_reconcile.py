@@ -10,8 +10,8 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.node import NodeState
-from llmgw.server.placement import NodeView
-from llmgw.server.reconcile import ReconcileResult, ReconcileSettings, desired_sets, reconcile
+from llmgw.server.placement.place import NodeView
+from llmgw.server.reconcile.rules import ReconcileResult, ReconcileSettings, desired_sets, reconcile
 
 S = ReplicaState
 
@@ -428,7 +428,7 @@ def test_scale_down_stops_not_ready_before_ready_and_newest_first() -> None:
 def test_every_state_change_is_in_the_lifecycle_table() -> None:
     import pytest
 
-    from llmgw.server.replica_states import InvalidReplicaTransition, ReplicaEvent, next_state
+    from llmgw.server.reconcile.replica_states import InvalidReplicaTransition, ReplicaEvent, next_state
 
     assert next_state(S.PENDING, ReplicaEvent.PLACED) == S.STARTING
     with pytest.raises(InvalidReplicaTransition, match="'restart' is not valid in state 'ready'"):

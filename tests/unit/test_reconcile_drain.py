@@ -10,9 +10,9 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import Member, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.node import NodeState
-from llmgw.server.drain import DEFAULT_GRACE, drain_verdict
-from llmgw.server.reconcile import desired_sets
-from llmgw.server.replica_states import DRAINS_FIRST, ReplicaEvent, next_state
+from llmgw.server.reconcile.drain import DEFAULT_GRACE, drain_verdict
+from llmgw.server.reconcile.replica_states import DRAINS_FIRST, ReplicaEvent, next_state
+from llmgw.server.reconcile.rules import desired_sets
 
 S = ReplicaState
 GRACE = DEFAULT_GRACE

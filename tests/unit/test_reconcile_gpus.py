@@ -11,7 +11,7 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.inventory import GpuProcess
-from llmgw.server.reconcile import NodeDelta, ReconcileState, reconcile_dirty
+from llmgw.server.reconcile.rules import NodeDelta, ReconcileState, reconcile_dirty
 
 S = ReplicaState
 

@@ -12,7 +12,7 @@ from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineState
 from llmgw.model.inventory import Hca, IbPort
 from llmgw.model.node import NodeState
-from llmgw.server.placement import NodeView
+from llmgw.server.placement.place import NodeView
 
 S = ReplicaState
 DOWN = "port 1 DOWN (Disabled)"

@@ -31,8 +31,8 @@ from fakes.cluster import node
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.node import NodeState
-from llmgw.server.placement import ClusterView, NodeView
-from llmgw.server.reconcile import (
+from llmgw.server.placement.place import ClusterView, NodeView
+from llmgw.server.reconcile.rules import (
     NodeDelta,
     ReconcileSettings,
     ReconcileState,

@@ -14,7 +14,7 @@ from llmgw.model.deployment import Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.node import NodeState
 from llmgw.model.preflight import AVOID_SECONDS, EXIT_CODE, FAILED_LINE, failure
-from llmgw.server.reconcile import NodeDelta, ReconcileResult, ReconcileState, reconcile_dirty
+from llmgw.server.reconcile.rules import NodeDelta, ReconcileResult, ReconcileState, reconcile_dirty
 
 S = ReplicaState
 SLOW = "bus bandwidth 0.4 GB/s is below 10 GB/s"

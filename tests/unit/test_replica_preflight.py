@@ -16,13 +16,13 @@ from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.node import NodeState
 from llmgw.model.preflight import EXIT_CODE
-from llmgw.server.reconcile import NodeDelta
-from llmgw.server.replica_states import (
+from llmgw.server.reconcile.replica_states import (
     InvalidReplicaTransition,
     ReplicaEvent,
     engines_event,
     next_state,
 )
+from llmgw.server.reconcile.rules import NodeDelta
 from llmgw.server.status import fabric_preflight, member_preflight
 
 S = ReplicaState

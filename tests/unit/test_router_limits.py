@@ -14,8 +14,8 @@ import trio
 from llmgw.model.apikey import ApiKeyRecord, Budget, hash_secret
 from llmgw.router.errors import ApiError
 from llmgw.router.limits import DEFAULT_MAX_TOKENS, Limiter, estimate
-from llmgw.server.control import Peer
-from llmgw.server.limits import LimitBooks
+from llmgw.server.peers.sessions import Peer
+from llmgw.server.tenants.limits import LimitBooks
 from llmgw.transport.apikey_ops import LeaseOp
 
 

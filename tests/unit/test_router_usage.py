@@ -16,9 +16,9 @@ from llmgw.cli import build_parser
 from llmgw.ctl import usage as ctl_usage
 from llmgw.model.usage import UsageRow
 from llmgw.router.usage import UsageMeter, UsageTap, with_usage
-from llmgw.server.apikeys import ApiKeys
-from llmgw.server.control import Peer
-from llmgw.server.store import Store
+from llmgw.server.peers.sessions import Peer
+from llmgw.server.store.sql import Store
+from llmgw.server.tenants.apikeys import ApiKeys
 from llmgw.transport.apikey_ops import UsageOp, UsageReportOp
 
 
@@ -112,7 +112,7 @@ def test_server_counts_a_batch_once(tmp_path: Path) -> None:
     assert [(r["requests"], r["prompt_tokens"]) for r in rows] == [(2, 6)]
     assert keys.usage_batches == {"added": 1, "repeated": 1}
     # Prometheus on the server: counted once too.
-    from llmgw.server.usage_metrics import usage_families
+    from llmgw.server.tenants.usage_metrics import usage_families
 
     samples = {(f.name, tuple(s.labels.values())): s.value
                for f in usage_families(keys.usage_totals) for s in f.samples}

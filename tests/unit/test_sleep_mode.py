@@ -17,9 +17,9 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError, UsageError
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
-from llmgw.server.autoscaler import _sleep_instead
-from llmgw.server.reconcile import desired_sets, reconcile
-from llmgw.server.sleeping import serving
+from llmgw.server.elastic.autoscaler import _sleep_instead
+from llmgw.server.reconcile.rules import desired_sets, reconcile
+from llmgw.server.reconcile.sleeping import serving
 from llmgw.simengine.args import parse_args
 
 AUTO = {"min": 0, "max": 2, "in_flight_per_replica": 4, "idle_to_zero": "10m"}

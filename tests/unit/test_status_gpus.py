@@ -12,9 +12,9 @@ from llmgw.config.server import ServerConfig
 from llmgw.ctl.render import render
 from llmgw.model.inventory import Gpu, GpuProcess, Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.autoscaler import Autoscaler
-from llmgw.server.control import ControlPlane, Node
+from llmgw.server.elastic.autoscaler import Autoscaler
 from llmgw.server.metrics import ServerMetrics
+from llmgw.server.peers.sessions import ControlPlane, Node
 from llmgw.server.status import describe_node, node_view
 
 TOTAL = 81559

@@ -14,8 +14,8 @@ from fakes.cluster import cluster, node
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import FabricState
-from llmgw.server.reconcile import reconcile
-from llmgw.server.store import SCHEMA_VERSION, SqlStore, Store, StoredEvent, StoreError
+from llmgw.server.reconcile.rules import reconcile
+from llmgw.server.store.sql import SCHEMA_VERSION, SqlStore, Store, StoredEvent, StoreError
 
 
 def dep(name: str = "d", replicas: int = 2, nodes: int = 1) -> Deployment:
@@ -44,7 +44,7 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
     if request.param == "sqlite":
         path = str(tmp_path / "state.db")
         return lambda: Store(path)
-    from llmgw.server.store_pg import PgStore
+    from llmgw.server.store.postgres import PgStore
 
     url = request.getfixturevalue("pg_url")
     return lambda: PgStore(url)

@@ -143,7 +143,7 @@ async def test_try_send_routed(ctx: zmq.Context[Any]) -> None:
 
 async def test_server_batch_drops_a_message_of_many_frames_and_keeps_the_rest(
         ctx: zmq.Context[Any]) -> None:
-    from llmgw.server.service import ServerTransport
+    from llmgw.server.peers.service import ServerTransport
 
     router = TrioSocket(ctx.socket(zmq.ROUTER))
     port = router.sock.bind_to_random_port("tcp://127.0.0.1")

@@ -1,5 +1,5 @@
 """An engine's requests in flight, read from its own /metrics: what tells the server a
-draining replica is done (server/drain.py).
+draining replica is done (server/reconcile/drain.py).
 
 vLLM: vllm:num_requests_running + vllm:num_requests_waiting; SGLang: num_running_reqs +
 num_queue_reqs, prefixed `sglang:` or `sglang_` by version (../shared/notes/engines.md);

@@ -1,5 +1,5 @@
 """A deployment's `autoscale` section (issue 25): replicas that follow load between `min`
-and `max`. Pure data; the decision is server/autoscale.py's.
+and `max`. Pure data; the decision is server/elastic/decide.py's.
 
     autoscale:
       min: 1

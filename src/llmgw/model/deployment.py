@@ -88,12 +88,12 @@ class Deployment:
     # no engine, so it is left out of template_hash.
     autoscale: Autoscale | None = None
     # When GPUs run out: a deployment that cannot place a replica may take GPUs from one of
-    # lower priority above its autoscale min (server/preempt.py). Shapes no engine: out
+    # lower priority above its autoscale min (server/placement/preempt.py). Shapes no engine: out
     # of template_hash.
     priority: int = 0
     # Its replicas' engines sleep (autoscale.sleep_when_idle, set by the autoscaler instead
     # of going to zero): state like `replicas`, out of template_hash; the running engines
-    # are put to sleep and woken in place (server/sleeping.py, agent/sleep.py).
+    # are put to sleep and woken in place (server/reconcile/sleeping.py, agent/sleep.py).
     asleep: bool = False
     # The collective pre-flight each member runs before its engine (issue 22): "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang

@@ -142,7 +142,7 @@ class EngineReport:
     # num_queue_reqs), as of the agent's last report: it sends one each time the count
     # goes between none and some, so 0 is the engine's state now, and a figure above 0
     # says "busy" rather than how busy. -1: not known (not ready yet, no such metrics, an
-    # agent from before). A draining replica stops early only on 0 (server/drain.py).
+    # agent from before). A draining replica stops early only on 0 (server/reconcile/drain.py).
     in_flight: int = -1
     # Names of the LoRA adapters the engine has loaded (the router sends an adapter's
     # requests only where it is loaded), and "name: why" for each it could not load.

@@ -4,7 +4,7 @@ A gang member whose required pre-flight failed never starts its engine: the laun
 says why in one log line (FAILED_LINE + the reason, e.g. "bus bandwidth 0.4 GB/s is below
 10 GB/s", "timed out after 60s") and exits EXIT_CODE. The server reads both from the
 engine's exit report (exit code and log tail) and, rather than restarting the gang in
-place, places it again away from the nodes involved (server/reconcile.py).
+place, places it again away from the nodes involved (server/reconcile/rules.py).
 """
 
 from __future__ import annotations

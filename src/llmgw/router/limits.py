@@ -1,5 +1,5 @@
 """Per-key limits at the router (issue 24): rpm, tpm and budgets spent from leases the
-server grants (router/wallet.py; the server's side is server/limits.py), and concurrent
+server grants (router/wallet.py; the server's side is server/tenants/limits.py), and concurrent
 requests counted here.
 
 Admission costs no round trip while the router holds enough of a lease; when it runs low

@@ -6,13 +6,13 @@ import trio
 
 from llmgw.config.server import ServerConfig
 from llmgw.rlimit import raise_nofile
-from llmgw.server.service import serve_server
+from llmgw.server.peers.service import serve_server
 
 
 async def run_server(config: ServerConfig) -> None:
     async with trio.open_nursery() as nursery:
         if config.store.url:  # PostgreSQL: one of several servers, leader or standby
-            from llmgw.server.ha import serve_replicated
+            from llmgw.server.store.leadership import serve_replicated
 
             await nursery.start(serve_replicated, config)
         else:

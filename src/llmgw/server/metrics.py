@@ -22,7 +22,7 @@ from llmgw.model.deployment import Replica, ReplicaState
 from llmgw.model.inventory import Inventory
 from llmgw.model.node import NodeState
 from llmgw.server.status import GPU_STATES, gpu_state, preflight_by_fabric
-from llmgw.server.usage_metrics import usage_families
+from llmgw.server.tenants.usage_metrics import usage_families
 
 if TYPE_CHECKING:
     from llmgw.server.orchestrator import Orchestrator
@@ -259,7 +259,7 @@ class _Collector:
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
                     decisions, auto_desired, auto_load, auto_routers, preemptions, preflight)
-        # Usage per API key × model and lease asks (issue 24): server/usage_metrics.py.
+        # Usage per API key × model and lease asks (issue 24): server/tenants/usage_metrics.py.
         # (getattr: the orchestrator stand-ins of the metrics tests carry no key store.)
         keys = getattr(o, "apikeys", None)
         yield from usage_families(keys.usage_totals if keys else None,

@@ -33,13 +33,13 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server import adapters, sleeping
-from llmgw.server.apikeys import ApiKeys
-from llmgw.server.autoscaler import Autoscaler, Change
-from llmgw.server.control import ControlPlane, Node, Outgoing, Peer, RequestError
-from llmgw.server.placement import NodeView
-from llmgw.server.rebuild import adoptable, rebuild
-from llmgw.server.reconcile import (
+from llmgw.server.elastic.autoscaler import Autoscaler, Change
+from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing, Peer, RequestError
+from llmgw.server.placement.place import NodeView
+from llmgw.server.reconcile import adapters, sleeping
+from llmgw.server.reconcile.rebuild import adoptable, rebuild
+from llmgw.server.reconcile.replica_states import ROUTABLE
+from llmgw.server.reconcile.rules import (
     NodeDelta,
     ReconcileResult,
     ReconcileSettings,
@@ -47,7 +47,6 @@ from llmgw.server.reconcile import (
     desired_sets,
     reconcile_dirty,
 )
-from llmgw.server.replica_states import ROUTABLE
 from llmgw.server.status import (
     deployment_rows,
     describe_deployment,
@@ -59,7 +58,8 @@ from llmgw.server.status import (
     replica_rows,
     status_view,
 )
-from llmgw.server.store import StateStore, StoredEvent
+from llmgw.server.store.sql import StateStore, StoredEvent
+from llmgw.server.tenants.apikeys import ApiKeys
 from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
 from llmgw.transport.requests import (
     MAX_LOG_LINES,
@@ -161,7 +161,7 @@ class Orchestrator:
             RediscoverOp: (ADMIN, self.op_rediscover),
             LoadReportOp: (frozenset({"router"}), self.op_load_report),
         })
-        # API keys (issue 24): `ctl apikey` and the routers' key table (server/apikeys.py).
+        # API keys (issue 24): `ctl apikey` and the routers' key table (server/tenants/apikeys.py).
         self.apikeys = ApiKeys(store)
         cp.ops.update(self.apikeys.ops())
 

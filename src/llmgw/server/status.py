@@ -9,13 +9,13 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
-from llmgw.server.fabrics import fabric_view, islands, member_nics
-from llmgw.server.replica_states import BACKING_OFF
+from llmgw.server.placement.fabrics import fabric_view, islands, member_nics
+from llmgw.server.reconcile.replica_states import BACKING_OFF
 
 if TYPE_CHECKING:
-    from llmgw.server.control import ControlPlane, Node
     from llmgw.server.orchestrator import Orchestrator
-    from llmgw.server.store import StoredEvent
+    from llmgw.server.peers.sessions import ControlPlane, Node
+    from llmgw.server.store.sql import StoredEvent
 
 
 def _storage(s: StorageReport) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
         # Out of the routers' tables since drain_since; stopped by drain_until at the latest.
         row["drain_since"] = r.drain_since
         row["drain_until"] = r.drain_until
-    if r.spec.asleep:  # sleep_when_idle (server/sleeping.py): placed, its engines asleep
+    if r.spec.asleep:  # sleep_when_idle (server/reconcile/sleeping.py): placed, its engines asleep
         row["asleep"] = True
         row["reason"] = r.reason or "asleep: the next request wakes it"
     return row

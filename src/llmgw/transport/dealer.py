@@ -58,7 +58,7 @@ async def connect(
     # router ask one request per connection under a timeout (client.py), and their quick
     # "nothing answers" comes from the socket monitor, not from heartbeats. The agent
     # sends every interval, so its connection is never idle and TCP keepalive would
-    # never probe; the server keeps keepalive for peers that go quiet (server/service.py).
+    # never probe; the server keeps keepalive for peers that go quiet (server/peers/service.py).
     sock.curve_secretkey = pair.secret_key
     sock.curve_publickey = pair.public_key
     sock.curve_serverkey = server_public

@@ -19,11 +19,11 @@ import zmq
 from llmgw.config.server import ServerConfig
 from llmgw.errors import ListenError, LlmgwError
 from llmgw.logbound import Throttle, clip
-from llmgw.server.control import ControlPlane, Outgoing
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.orchestrator import Orchestrator
-from llmgw.server.store import FencedError, StateStore
-from llmgw.server.stores import open_store
+from llmgw.server.peers.sessions import ControlPlane, Outgoing
+from llmgw.server.store.open import open_store
+from llmgw.server.store.sql import FencedError, StateStore
 from llmgw.server.web import serve_server_http
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair

@@ -18,10 +18,9 @@ from __future__ import annotations
 from attrs import evolve
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
-
-from .adapters import refresh_adapters
-from .reconcile_pass import Pass
-from .sleeping import refresh_sleep
+from llmgw.server.reconcile.adapters import refresh_adapters
+from llmgw.server.reconcile.passes import Pass
+from llmgw.server.reconcile.sleeping import refresh_sleep
 
 S = ReplicaState
 

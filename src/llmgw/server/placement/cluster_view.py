@@ -27,7 +27,7 @@ from attrs import frozen
 from llmgw.model.deployment import Member, Strategy
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.fabrics import usable_fabrics
+from llmgw.server.placement.fabrics import usable_fabrics
 
 
 @frozen

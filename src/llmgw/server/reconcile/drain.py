@@ -28,8 +28,7 @@ from attrs import frozen
 from llmgw.model.deployment import Replica
 from llmgw.model.engine import EngineReport
 from llmgw.model.node import NodeState
-
-from .replica_states import ENGINE_ENDED
+from llmgw.server.reconcile.replica_states import ENGINE_ENDED
 
 # Seconds from a drain's start before an idle engine counts as done: two router polls at
 # the default 1 s and two of the agent's in-flight reads at the default 2 s.

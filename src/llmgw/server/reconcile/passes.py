@@ -12,12 +12,11 @@ from attrs import evolve, frozen
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState, replica_id
 from llmgw.model.node import NodeState
-
-from .drain import DEFAULT_GRACE, drain_verdict
-from .fabrics import sick_hcas
-from .placement import ClusterView, Placement, place
-from .reconcile_state import ReconcileState
-from .replica_states import ReplicaEvent, drains_first, next_state
+from llmgw.server.placement.fabrics import sick_hcas
+from llmgw.server.placement.place import ClusterView, Placement, place
+from llmgw.server.reconcile.drain import DEFAULT_GRACE, drain_verdict
+from llmgw.server.reconcile.replica_states import ReplicaEvent, drains_first, next_state
+from llmgw.server.reconcile.state import ReconcileState
 
 S = ReplicaState
 E = ReplicaEvent

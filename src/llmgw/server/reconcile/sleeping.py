@@ -16,8 +16,7 @@ from __future__ import annotations
 from attrs import evolve
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
-
-from .reconcile_pass import Pass
+from llmgw.server.reconcile.passes import Pass
 
 
 def refresh_sleep(p: Pass, d: Deployment) -> None:

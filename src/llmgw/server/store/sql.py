@@ -33,8 +33,8 @@ from llmgw.model.apikey import ApiKeyRecord
 from llmgw.model.deployment import Deployment, Replica
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.usage import UsageRow, hour_of, merge
-from llmgw.server import migrations
-from llmgw.server.migrations import SCHEMA_VERSION as SCHEMA_VERSION
+from llmgw.server.store import migrations
+from llmgw.server.store.migrations import SCHEMA_VERSION as SCHEMA_VERSION
 
 T = TypeVar("T")
 

@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from llmgw.config.server import StoreConfig
-from llmgw.server import migrations
-from llmgw.server.store import FencedError, SqlStore, StoreError, Tx
+from llmgw.server.store import migrations
+from llmgw.server.store.sql import FencedError, SqlStore, StoreError, Tx
 
 T = TypeVar("T")
 

@@ -14,8 +14,7 @@ from attrs import evolve
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import RUNTIME_ADAPTERS, EngineReport
-
-from .reconcile_pass import Pass
+from llmgw.server.reconcile.passes import Pass
 
 
 def _names(d: Deployment) -> str:

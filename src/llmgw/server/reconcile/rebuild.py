@@ -20,8 +20,7 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Member, Replica
 from llmgw.model.engine import EngineReport, EngineSpec
-
-from .replica_states import ENGINE_ENDED, ReplicaEvent, next_state
+from llmgw.server.reconcile.replica_states import ENGINE_ENDED, ReplicaEvent, next_state
 
 
 @frozen

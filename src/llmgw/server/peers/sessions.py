@@ -32,8 +32,8 @@ from llmgw.logbound import Throttle, clip
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
-from llmgw.server.intern import Interner
-from llmgw.server.node_states import NodeEvent, next_state, silence_event
+from llmgw.server.peers.intern import Interner
+from llmgw.server.peers.node_states import NodeEvent, next_state, silence_event
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (

@@ -53,12 +53,11 @@ from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
 from llmgw.model.preflight import AVOID_SECONDS
 from llmgw.model.preflight import failure as preflight_failure
-
-from .placement import NodeView
-from .reconcile_pass import Event, Pass, ReconcileSettings
-from .reconcile_state import NodeDelta, ReconcileState
-from .replica_states import BACKING_OFF, ENGINE_ENDED, ReplicaEvent, engines_event
-from .rollout import roll_deployment
+from llmgw.server.placement.place import NodeView
+from llmgw.server.reconcile.passes import Event, Pass, ReconcileSettings
+from llmgw.server.reconcile.replica_states import BACKING_OFF, ENGINE_ENDED, ReplicaEvent, engines_event
+from llmgw.server.reconcile.rollout import roll_deployment
+from llmgw.server.reconcile.state import NodeDelta, ReconcileState
 
 DEFAULT_SETTINGS = ReconcileSettings()
 

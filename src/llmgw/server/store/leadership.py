@@ -40,10 +40,10 @@ import zmq
 from llmgw.config.server import ServerConfig
 from llmgw.errors import LlmgwError, ProtocolError
 from llmgw.logbound import Throttle
-from llmgw.server.control import Outgoing
-from llmgw.server.service import KeyWatcher, ServerTransport, serve_server
-from llmgw.server.store import StoreError
-from llmgw.server.store_pg import PgLease, PgStore
+from llmgw.server.peers.service import KeyWatcher, ServerTransport, serve_server
+from llmgw.server.peers.sessions import Outgoing
+from llmgw.server.store.postgres import PgLease, PgStore
+from llmgw.server.store.sql import StoreError
 from llmgw.transport import codec
 from llmgw.transport.keys import load_pair
 from llmgw.transport.messages import NotLeader, Request

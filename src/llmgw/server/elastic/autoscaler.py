@@ -25,9 +25,9 @@ import trio
 from attrs import evolve, frozen
 
 from llmgw.model.deployment import Deployment, Replica
-from llmgw.server.autoscale import LoadSample, ScaleMemory, decide, observe
-from llmgw.server.load_board import LoadBoard
-from llmgw.server.preempt import Preemption, choose, placed_counts
+from llmgw.server.elastic.decide import LoadSample, ScaleMemory, decide, observe
+from llmgw.server.elastic.load_board import LoadBoard
+from llmgw.server.placement.preempt import Preemption, choose, placed_counts
 from llmgw.transport.requests import LoadReportOp
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from llmgw.config.server import ServerConfig
-from llmgw.server.store import SqlStore, Store, StoreError
+from llmgw.server.store.sql import SqlStore, Store, StoreError
 
 
 def open_store(config: ServerConfig) -> SqlStore:
@@ -15,7 +15,7 @@ def open_store(config: ServerConfig) -> SqlStore:
     SQLite in `state_dir`. Opening migrates."""
     if config.store.url:
         try:
-            from llmgw.server.store_pg import PgStore
+            from llmgw.server.store.postgres import PgStore
         except ImportError:
             raise StoreError("store.url names PostgreSQL, but psycopg is not installed: "
                              "pip install 'llmgw[postgres]'") from None

@@ -1,6 +1,6 @@
 """The server's side of per-key limits (issue 24): one LeaseBook per (key, limit), leases
 granted to routers on their ask (LeaseOp). Why the sum over routers stays within a limit
-is server/leases.py's docstring; the router's side is router/limits.py.
+is server/tenants/leases.py's docstring; the router's side is router/limits.py.
 
 A grant's `ttl` is relative: the router counts it from when it sent its ask, which is no
 later than the grant here, so it stops using a lease no later than the book assumes.
@@ -20,8 +20,8 @@ from typing import Any
 import trio
 
 from llmgw.model.apikey import ApiKeyRecord
-from llmgw.server.control import Peer
-from llmgw.server.leases import LeaseBook
+from llmgw.server.peers.sessions import Peer
+from llmgw.server.tenants.leases import LeaseBook
 from llmgw.transport.apikey_ops import LeaseOp, LimitKind
 
 LEASE_TTL = 10.0  # seconds a router may spend a lease

@@ -52,9 +52,8 @@ from llmgw.model.deployment import (
 from llmgw.model.engine import EngineKind
 from llmgw.model.gpu_need import memory_need
 from llmgw.model.inventory import Gpu
-
-from .cluster_view import ClusterView, NodeView, _Group, _Node
-from .gpu_pick import pick_gpus
+from llmgw.server.placement.cluster_view import ClusterView, NodeView, _Group, _Node
+from llmgw.server.placement.gpu_pick import pick_gpus
 
 __all__ = ["ClusterView", "NodeView", "Placement", "Unschedulable", "explain", "place"]
 

@@ -25,11 +25,10 @@ from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Gpu
 from llmgw.model.node import NodeState
-
-from .cluster_view import ClusterView, NodeView
-from .drain import DEFAULT_GRACE
-from .placement import Unschedulable
-from .replica_states import BACKING_OFF
+from llmgw.server.placement.cluster_view import ClusterView, NodeView
+from llmgw.server.placement.place import Unschedulable
+from llmgw.server.reconcile.drain import DEFAULT_GRACE
+from llmgw.server.reconcile.replica_states import BACKING_OFF
 
 S = ReplicaState
 

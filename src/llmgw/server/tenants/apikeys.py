@@ -20,10 +20,10 @@ from attrs import evolve
 
 from llmgw.logbound import clip
 from llmgw.model.apikey import ApiKeyRecord
-from llmgw.server.control import Peer, RequestError
-from llmgw.server.limits import LimitBooks
-from llmgw.server.store import StateStore, StoredEvent
-from llmgw.server.usage_metrics import UsageTotals
+from llmgw.server.peers.sessions import Peer, RequestError
+from llmgw.server.store.sql import StateStore, StoredEvent
+from llmgw.server.tenants.limits import LimitBooks
+from llmgw.server.tenants.usage_metrics import UsageTotals
 from llmgw.transport.apikey_ops import (
     MAX_KEYS,
     ApiKeyCreateOp,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from attrs import frozen
 
-from llmgw.server.autoscale import LoadSample
+from llmgw.server.elastic.decide import LoadSample
 from llmgw.transport.requests import ModelLoad
 
 STALE_REPORTS = 3.0  # a report older than this many of its router's intervals is dropped

@@ -1,0 +1,1 @@
+"""Tenants: API keys, leases of a key's allowance, limits, usage metrics."""
