@@ -22,7 +22,7 @@ from fakes.engines import free_port
 from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
 from llmgw.transport import keys
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
 STREAMS = 50
 TOKENS = 40  # at 10 tokens a second: each stream runs about 4 s

@@ -17,7 +17,7 @@ import pytest
 from fakes.live import Cluster, wait_for
 from fakes.sysfs import add_hca
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
 PROBE = """import json, os, time
 parts = os.getcwd().split(os.sep)  # <root>/agents/<node>/work/engines/<replica>

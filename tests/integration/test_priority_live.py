@@ -17,7 +17,7 @@ import pytest
 
 from fakes.live import Cluster, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
 DEP = """name: {name}
 model: org/{name}

@@ -19,7 +19,7 @@ from test_autoscale_live import Rig, rig, serving, stream  # noqa: F401 (rig: th
 
 from fakes.live import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
 DEPLOYMENT = """name: d
 model: org/sim

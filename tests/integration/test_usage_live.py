@@ -22,7 +22,7 @@ from fakes.engines import free_port
 from fakes.live import LLMGW, Cluster, Proc, wait_for
 from llmgw.transport import keys
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
 DEPLOYMENT = """name: a
 model: org/a
