@@ -195,6 +195,26 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def start_router(self, name: str = "r1", *, port: int | None = None,
+                     extra: str = "") -> tuple[Proc, int]:
+        """A router with its own key, on `port` (a free one unless given); `extra` is
+        appended to its TOML before the [keys] table."""
+        port = port or free_port()
+        if not (self.keys_dir / f"{name}.key_secret").exists():
+            keys.issue_key(str(self.keys_dir), "router", name)
+        cfg = self.root / f"{name}.toml"
+        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{self.address}"\n{extra}'
+                       f'[keys]\nsecret_key = "{self.keys_dir / f"{name}.key_secret"}"\n'
+                       f'server_key = "{self.server_key}"\n')
+        p = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / f"{name}.log")
+        self.procs.append(p)
+        return p, port
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        r = self.ctl("get", "replicas", "-o", "json")
+        assert r.returncode == 0, r.stderr
+        return {x["id"]: x for x in json.loads(r.stdout)}
+
     def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return run_cli("ctl", "--server", self.address, "--key", self.admin_key,
                        "--server-key", self.server_key, *args, timeout=timeout)

@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, wait_for
-from llmgw.transport import keys
+from fakes.live import Cluster, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
@@ -63,21 +61,16 @@ def test_tpm_plain_and_streamed(cluster: Cluster, tmp_path: Path) -> None:
     r = c.ctl("apikey", "create", "t", "--tpm", str(TPM), "-o", "json")
     assert r.returncode == 0, r.stderr
     secret = json.loads(r.stdout)["secret"]
-    ports = [free_port(), free_port()]
-    for i, port in enumerate(ports):
-        keys.issue_key(str(c.keys_dir), "router", f"r{i}")
-        cfg = tmp_path / f"router{i}.toml"
-        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{c.address}"\n'
-                       f'[keys]\nsecret_key = "{c.keys_dir / f"r{i}.key_secret"}"\n'
-                       f'server_key = "{c.server_key}"\n')
-        c.procs.append(Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / f"router{i}.log"))
+    ports = [c.start_router(f"r{i}")[1] for i in range(2)]
+    # Over the limit on its own: refused at once, before any engine sees it. Until each
+    # router has the key and a ready replica the answer is 401 or 503, which spends
+    # nothing, so the same request is the probe.
+    big = {"model": "org/a", "prompt": "p", "max_tokens": 100_000}
     for port in ports:
-        wait_for(lambda p=port: post(p, {"model": "org/x"}, secret)[0] == 404, 60,  # type: ignore[misc]
-                 f"router on {port}")
-
-    # Over the limit on its own: refused at once, before any engine sees it.
+        wait_for(lambda p=port: post(p, big, secret)[0] == 429, 60,  # type: ignore[misc]
+                 f"router on {port} with the key and a ready replica")
     t0 = time.monotonic()
-    code, raw = post(ports[0], {"model": "org/a", "prompt": "p", "max_tokens": 100_000}, secret)
+    code, raw = post(ports[0], big, secret)
     assert code == 429 and time.monotonic() - t0 < 1.0, raw
     err = json.loads(raw)["error"]
     assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens", err
