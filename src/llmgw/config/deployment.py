@@ -114,21 +114,11 @@ def parse_deployment(data: Any, source: str) -> Deployment:
             raise err("args", "expected a list of strings")
         kwargs["args"] = tuple(str(a) for a in args)
     if "startup_timeout" in data:
-        try:
-            timeout = duration_from_value(data["startup_timeout"])
-        except ValueError as exc:
-            raise DeploymentError(source, "startup_timeout", str(exc)) from None
-        if timeout <= 0:
-            raise err("startup_timeout", "expected a duration above zero such as 10m")
-        kwargs["startup_timeout"] = timeout
+        kwargs["startup_timeout"] = _duration(data, "startup_timeout", source, zero=False,
+                                              example="10m")
     if "drain_timeout" in data:
-        try:
-            drain = duration_from_value(data["drain_timeout"])
-        except ValueError as exc:
-            raise DeploymentError(source, "drain_timeout", str(exc)) from None
-        if drain < 0:
-            raise err("drain_timeout", "expected a duration of zero or more such as 60s")
-        kwargs["drain_timeout"] = drain
+        kwargs["drain_timeout"] = _duration(data, "drain_timeout", source, zero=True,
+                                            example="60s")
     if "strategy" in data:
         try:
             kwargs["strategy"] = Strategy(data["strategy"])
@@ -179,14 +169,8 @@ def _preflight(data: Mapping[str, Any], source: str) -> dict[str, Any]:
                                   f"got {_show(mode)}")
         out["preflight"] = mode
     if "preflight_timeout" in data:
-        try:
-            timeout = duration_from_value(data["preflight_timeout"])
-        except ValueError as exc:
-            raise DeploymentError(source, "preflight_timeout", str(exc)) from None
-        if timeout <= 0:
-            raise DeploymentError(source, "preflight_timeout", "expected a duration above zero "
-                                  f"such as 60s, got {_show(data['preflight_timeout'])}")
-        out["preflight_timeout"] = timeout
+        out["preflight_timeout"] = _duration(data, "preflight_timeout", source, zero=False,
+                                             example="60s")
     if "preflight_min_busbw" in data:
         v = data["preflight_min_busbw"]
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e6:
@@ -197,6 +181,19 @@ def _preflight(data: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 PREFLIGHT_MODES = ("required", "best_effort", "off")
+
+
+def _duration(data: Mapping[str, Any], key: str, source: str, *, zero: bool, example: str) -> float:
+    """data[key] as seconds: a duration such as 90s or 10m, above zero (or zero too)."""
+    try:
+        secs = duration_from_value(data[key])
+    except ValueError as exc:
+        raise DeploymentError(source, key, str(exc)) from None
+    if secs < 0 or (secs == 0 and not zero):
+        what = "of zero or more" if zero else "above zero"
+        raise DeploymentError(source, key, f"expected a duration {what} such as {example}, "
+                              f"got {_show(data[key])}")
+    return secs
 
 
 # An adapter's name is a `model` clients send, and vLLM's --lora-modules reads NAME=PATH.

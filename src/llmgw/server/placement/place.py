@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from attrs import field, frozen
 
@@ -123,17 +123,19 @@ def _fit(n: _Node, d: Deployment) -> tuple[tuple[str, ...], bool] | None:
 
 def _roomy(n: _Node, d: Deployment) -> list[Gpu]:
     """The node's free GPUs (no replica of ours, placeable) with the engine's need free."""
+    return [g for g, want in _wants(n, d) if g.memory_free >= want]
+
+
+def _wants(n: _Node, d: Deployment) -> Iterator[tuple[Gpu, int]]:
+    """Each free GPU of the node with the memory `d`'s engine needs free on it."""
     gpus = n.gpus
     needs: dict[int, int] = {}  # by GPU size: a node's GPUs are nearly always alike
-    out = []
     for u in n.free:
         g = gpus[u]
         want = needs.get(g.memory_total)
         if want is None:
             want = needs[g.memory_total] = _need(d.engine, d.args, g.memory_total, d.gpu_memory_min)
-        if g.memory_free >= want:
-            out.append(g)
-    return out
+        yield g, want
 
 
 def _download_need(view: ClusterView, d: Deployment) -> int:
@@ -371,16 +373,10 @@ def _why(n: _Node, d: Deployment, exclude: frozenset[str], need: int = 0) -> tup
     if d.engine in n.lacked:
         return n.lacked[d.engine], -1
     k = d.gpus_per_node
-    # _roomy's test, counted in one loop: explain asks it of every node.
-    gpus = n.gpus
-    needs: dict[int, int] = {}
+    # _roomy's test, counted: explain asks it of every node.
     roomy = short = 0
     used = False  # some GPU short because something uses its memory, not too small
-    for u in n.free:
-        g = gpus[u]
-        want = needs.get(g.memory_total)
-        if want is None:
-            want = needs[g.memory_total] = _need(d.engine, d.args, g.memory_total, d.gpu_memory_min)
+    for g, want in _wants(n, d):
         if g.memory_free >= want:
             roomy += 1
         else:
