@@ -119,12 +119,7 @@ class SimEngine:
         return body
 
     def _json(self, ex: Exchange) -> dict[str, Any]:
-        try:
-            body = json.loads(ex.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("request body must be a JSON object")
+        body = self._body(ex)
         model = body.get("model")
         if model is not None and model not in self.args.served_names and model not in self.adapters:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
