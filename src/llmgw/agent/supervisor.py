@@ -789,8 +789,16 @@ class Supervisor:
         # An engine downloading its weights: the bytes on disk, reported and counted as
         # progress (download_progress.py); "": it loads a copy, nothing to watch.
         repo = self._download_repo(eng.spec)
+
+        async def on_disk() -> int:
+            # In a thread: download_dir may be on NFS or Lustre, and a stuck server must
+            # not stop the agent's loop (its heartbeats) while this engine starts.
+            return await trio.to_thread.run_sync(lambda: downloaded(read_listing(repo)),
+                                                 abandon_on_cancel=True)
+
         began = trio.current_time()
-        progress = DownloadProgress.start(downloaded(read_listing(repo)) if repo else 0, began)
+        listed = await on_disk() if repo else 0
+        progress = DownloadProgress.start(listed, began)
         told = began
         clock = StartupDeadline.start(began, eng.spec.startup_timeout,
                                       cap=self._sup.startup_max, size_bytes=size,
@@ -800,7 +808,7 @@ class Supervisor:
         def deadline(now: float) -> float:
             nonlocal clock, progress, told
             if repo:
-                progress = progress.observe(downloaded(read_listing(repo)), now)
+                progress = progress.observe(listed, now)
                 if now - told >= DOWNLOAD_REPORT_EVERY:
                     told = now
                     line = progress.line()
@@ -811,7 +819,9 @@ class Supervisor:
             return clock.deadline
 
         async def probe() -> bool:
-            nonlocal answered
+            nonlocal answered, listed
+            if repo and eng.state is not Phase.READY:  # what deadline() observes next
+                listed = await on_disk()
             began = trio.current_time()
             ok = await http_health(host, port, timeout=timeout)
             self.on_probe(trio.current_time() - began, ok)
