@@ -1,8 +1,8 @@
 """No import circle in src/llmgw (issue 21): every module's imports, read with ast
 (module level and inside functions; importing a.b.c runs the package __init__ files of a
 and a.b too), form a graph without cycles. Imports under `if TYPE_CHECKING:` are left out:
-they never run, so they tie no modules together at import time. (One such pair remains:
-server/status.py names Orchestrator in its signatures only.)"""
+they never run, so they tie no modules together at import time. (Two such pairs remain:
+server/status.py and server/ops.py name Orchestrator in their signatures only.)"""
 
 from __future__ import annotations
 

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import functools
 import logging
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import trio
 from attrs import evolve
 
-from llmgw.config.deployment import MAX_REPLICAS
 from llmgw.config.server import ServerConfig
-from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.elastic.autoscaler import Autoscaler, Change
-from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing, Peer, RequestError
+from llmgw.server.ops import Ops
+from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing
 from llmgw.server.placement.place import NodeView
 from llmgw.server.reconcile import adapters, sleeping
 from llmgw.server.reconcile.rebuild import adoptable, rebuild
@@ -49,10 +47,6 @@ from llmgw.server.reconcile.rules import (
 )
 from llmgw.server.status import (
     deployment_rows,
-    describe_deployment,
-    describe_node,
-    describe_replica,
-    node_rows,
     not_ready_reason,
     preflight_by_fabric,
     replica_rows,
@@ -60,30 +54,11 @@ from llmgw.server.status import (
 )
 from llmgw.server.store.sql import StateStore, StoredEvent
 from llmgw.server.tenants.apikeys import ApiKeys
-from llmgw.transport.messages import DesiredSet, LogsReply, LogsRequest, Rediscover
-from llmgw.transport.requests import (
-    MAX_LOG_LINES,
-    ApplyOp,
-    CordonOp,
-    DeleteOp,
-    DescribeOp,
-    DescribeWhat,
-    EndpointsOp,
-    GetOp,
-    GetWhat,
-    LoadReportOp,
-    LogsOp,
-    RediscoverOp,
-    ScaleOp,
-    StatusOp,
-)
+from llmgw.transport.messages import DesiredSet
 
 log = logging.getLogger(__name__)
 
-ADMIN = frozenset({"admin"})
-READERS = frozenset({"admin", "router"})
 PASS_GAP = 0.05  # seconds, at least, between reconcile passes
-LOGS_TIMEOUT = 5.0  # seconds to wait for a node to send an engine's log tail
 
 
 class Orchestrator:
@@ -105,15 +80,13 @@ class Orchestrator:
         self.set_generation = 0
         self._dirty = trio.Event()
         self._send: Callable[[list[Outgoing]], None] = lambda out: None
-        self._endpoints: dict[str, Any] = {}
-        self._endpoints_version = 0
         self._pending_nodes: dict[str, Node] = {}  # to write to the store on the next pass
         # What the store holds of each node (info, inventory), to write only what changed:
         # after a restart every agent says Hello again with what it said before, and
         # rewriting ten thousand unchanged rows was a share of the storm's CPU. The
         # objects are the node's own (replaced by the node's equal, interned copies when
         # a Hello matches), so this costs a tuple per node. Cordon and drain flags are
-        # written by op_cordon alone; `last_seen` is not refreshed by an unchanged Hello
+        # written by Ops.op_cordon alone; `last_seen` is not refreshed by an unchanged Hello
         # (nothing reads it back: a restarted server starts every node's clock afresh).
         self._stored: dict[str, tuple[NodeInfo, Inventory]] = {}
         # What reconcile keeps between passes (None: build it from a snapshot), and what
@@ -148,19 +121,9 @@ class Orchestrator:
         cp.on_tick = self._ticked
         cp.on_back = self._node_back
         cp.desired_ids = self.desired_ids
-        cp.ops.update({
-            StatusOp: (ADMIN, self.op_status),
-            ApplyOp: (ADMIN, self.op_apply),
-            DeleteOp: (ADMIN, self.op_delete),
-            ScaleOp: (ADMIN, self.op_scale),
-            CordonOp: (ADMIN, self.op_cordon),
-            GetOp: (ADMIN, self.op_get),
-            DescribeOp: (ADMIN, self.op_describe),
-            EndpointsOp: (READERS, self.op_endpoints),
-            LogsOp: (ADMIN, self.op_logs),
-            RediscoverOp: (ADMIN, self.op_rediscover),
-            LoadReportOp: (frozenset({"router"}), self.op_load_report),
-        })
+        # What ctl and the routers may ask (ops.py), answered from this state.
+        self.ops = Ops(self)
+        cp.ops.update(self.ops.ops())
         # API keys (issue 24): `ctl apikey` and the routers' key table (server/tenants/apikeys.py).
         self.apikeys = ApiKeys(store)
         cp.ops.update(self.apikeys.ops())
@@ -421,69 +384,13 @@ class Orchestrator:
             # however large the cluster: heartbeats come first.
             await trio.sleep(max(PASS_GAP, 2 * cost))
 
-    # ---- ctl ops (async: they write the store before answering) ----
+    # ---- what the ops (ops.py) and the autoscaler change and read ----
 
-    async def op_apply(self, peer: Peer, op: ApplyOp, now: float) -> Any:
-        d = op.deployment  # validated when the request was decoded
-        old = self.deployments.get(d.name)
-        if d.autoscale is not None and old is not None:
-            # With autoscale the file's replicas is only where a new deployment starts:
-            # an apply keeps the count the autoscaler (or a pin) set, within min..max.
-            a = d.autoscale
-            d = evolve(d, replicas=min(max(old.replicas, a.min), a.max), asleep=old.asleep and d.sleep_mode)
-        if old == d:
-            return {"deployment": d.name, "changed": False}
-        clash = adapters.name_conflict(d, self.deployments)
-        if clash:
-            raise RequestError(f"deployment {d.name!r}: {clash}")
-        await trio.to_thread.run_sync(self.store.put_deployment, d, now)
-        self.deployments[d.name] = d
-        what = "created" if old is None else "updated"
-        note = adapters.apply_note(old, d)
-        what += f" ({note})" if note else ""
-        await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(now, d.name, "", what)])
-        self.mark_deployment(d.name)
-        return {"deployment": d.name, "changed": True, "action": what}
+    def send(self, out: list[Outgoing]) -> None:
+        """Send now, between passes (ctl rediscover and logs); nothing before serve()."""
+        self._send(out)
 
-    def _deployment(self, name: str) -> Deployment:
-        d = self.deployments.get(name)
-        if d is None:
-            raise RequestError(f"no deployment named {clip(name, 100)!r}")
-        return d
-
-    async def op_delete(self, peer: Peer, op: DeleteOp, now: float) -> Any:
-        self._deployment(op.name)
-        await trio.to_thread.run_sync(self.store.delete_deployment, op.name)
-        del self.deployments[op.name]
-        self.mark_deployment(op.name)
-        return {"deployment": op.name, "deleted": True}
-
-    async def op_scale(self, peer: Peer, op: ScaleOp, now: float) -> Any:
-        if not 0 <= op.replicas <= MAX_REPLICAS:
-            raise RequestError(f"replicas: expected 0 to {MAX_REPLICAS}, got {op.replicas}")
-        d = self._deployment(op.name)
-        note = ""
-        if d.autoscale is not None:
-            a = d.autoscale
-            if not op.pin:
-                raise RequestError(
-                    f"deployment {op.name!r} scales automatically ({a.min}..{a.max}, now "
-                    f"{d.replicas}); `ctl scale {op.name} --replicas {op.replicas} --pin` sets "
-                    "the count and switches autoscale off until the next apply")
-            # Pinned: autoscale off in the stored deployment; the next apply of its file
-            # brings it back (from the pinned count).
-            d = evolve(d, autoscale=None)
-            note = "pinned: autoscale is off for it until the next apply"
-            await trio.to_thread.run_sync(self.store.add_events, [StoredEvent(
-                now, op.name, "", f"pinned at {op.replicas} by ctl scale --pin: autoscale off "
-                                  "until the next apply")])
-        await self._put_replicas(evolve(d, replicas=op.replicas), now)
-        out: dict[str, Any] = {"deployment": op.name, "replicas": op.replicas}
-        if note:
-            out["note"] = note
-        return out
-
-    async def _put_replicas(self, d: Deployment, now: float) -> None:
+    async def put_replicas(self, d: Deployment, now: float) -> None:
         """The one way a count changes (ctl scale, the autoscaler): persisted first, then
         the reconciler places or drains (a replica removed drains before it stops)."""
         await trio.to_thread.run_sync(self.store.put_deployment, d, now)
@@ -500,7 +407,7 @@ class Orchestrator:
         if change.also is not None:  # a preemption: the taker's side of it
             events.append(StoredEvent(now, change.also[0], "", f"priority: {change.also[1]}"))
         await trio.to_thread.run_sync(self.store.add_events, events)
-        await self._put_replicas(evolve(d, replicas=change.after, asleep=change.asleep), now)
+        await self.put_replicas(evolve(d, replicas=change.after, asleep=change.asleep), now)
         return True
 
     async def autoscale_loop(self, clock: Callable[[], float],
@@ -508,102 +415,6 @@ class Orchestrator:
         """The autoscaler's loop (and priorities' preemption), beside serve()."""
         await self.autoscaler.serve(lambda: self.deployments, self.autoscale_to, clock,
                                     lambda: (self.replicas, self.pending), task_status=task_status)
-
-    def op_load_report(self, peer: Peer, op: LoadReportOp, now: float) -> Any:
-        self.autoscaler.report(peer.identity, now, op, self.deployments)
-        return {}
-
-    async def op_cordon(self, peer: Peer, op: CordonOp, now: float) -> Any:
-        node_id = op.node
-        if node_id not in self.cp.nodes:
-            raise RequestError(f"no node named {clip(node_id, 100)!r}")
-        await trio.to_thread.run_sync(
-            lambda: self.store.set_cordoned(node_id, op.cordoned, draining=op.draining))
-        node = self.cp.nodes[node_id]
-        node.cordoned, node.draining = op.cordoned, op.draining
-        self.mark_node(node_id)
-        return {"node": node_id, "cordoned": op.cordoned, "draining": op.draining}
-
-    def op_get(self, peer: Peer, op: GetOp, now: float) -> Any:
-        if op.what is GetWhat.DEPLOYMENTS:
-            return deployment_rows(self)
-        if op.what is GetWhat.REPLICAS:
-            return replica_rows(self)
-        return node_rows(self.cp, now)
-
-    async def op_describe(self, peer: Peer, op: DescribeOp, now: float) -> Any:
-        if op.what is DescribeWhat.NODE:
-            node = self.cp.nodes.get(op.name)
-            if node is None:
-                raise RequestError(f"no node named {clip(op.name, 100)!r}")
-            return describe_node(self, node, now)
-        if op.what is DescribeWhat.REPLICA:
-            r = self.replicas.get(op.name)
-            if r is None:
-                raise RequestError(f"no replica named {clip(op.name, 100)!r}")
-            events = await trio.to_thread.run_sync(
-                lambda: self.store.events(replica=op.name, limit=50))
-            return describe_replica(self, r, events)
-        d = self._deployment(op.name)
-        events = await trio.to_thread.run_sync(
-            lambda: self.store.events(deployment=op.name, limit=50))
-        return describe_deployment(self, d, events)
-
-    def op_rediscover(self, peer: Peer, op: RediscoverOp, now: float) -> Any:
-        """Ask nodes to run discovery now; they report what changed as usual."""
-        wanted = list(op.nodes) or sorted(self.cp.nodes)
-        unknown = [n for n in wanted if n not in self.cp.nodes]
-        if unknown:
-            raise RequestError(f"no node named {clip(unknown[0], 100)!r}")
-        asked = [n for n in wanted if self.cp.nodes[n].connected and self.cp.nodes[n].routing_id]
-        self._send([(self.cp.nodes[n].routing_id, Rediscover()) for n in asked])
-        return {"asked": asked, "not_connected": sorted(set(wanted) - set(asked))}
-
-    async def op_logs(self, peer: Peer, op: LogsOp, now: float) -> Any:
-        rid = op.replica
-        if not 1 <= op.lines <= MAX_LOG_LINES:
-            raise RequestError(f"lines: expected 1 to {MAX_LOG_LINES}, got {op.lines}")
-        lines = op.lines
-        r = self.replicas.get(rid)
-        if r is None:
-            raise RequestError(f"no replica named {clip(rid, 100)!r}")
-        if not r.members:
-            return {"replica": rid, "node": "", "lines": list(r.last_log_tail),
-                    "note": "not placed now; this is the log tail of its last failure"}
-        node_id = r.members[0].node_id
-        node = self.cp.nodes.get(node_id)
-        if node is None or not node.connected or node.state == NodeState.LOST:
-            raise RequestError(f"node {node_id} is not connected; cannot fetch the log of {rid}")
-        request_id = uuid.uuid4().hex
-        got: list[LogsReply] = []
-        arrived = trio.Event()
-
-        def deliver(reply: LogsReply) -> None:
-            got.append(reply)
-            arrived.set()
-
-        self.cp.pending_logs[request_id] = deliver
-        self._send([(node.routing_id, LogsRequest(request_id, rid, lines))])
-        with trio.move_on_after(LOGS_TIMEOUT):
-            await arrived.wait()
-        self.cp.pending_logs.pop(request_id, None)
-        if not got:
-            raise RequestError(f"node {node_id} did not answer within {LOGS_TIMEOUT:g}s")
-        if got[0].error:
-            raise RequestError(f"node {node_id}: {got[0].error}")
-        return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
-
-    def op_endpoints(self, peer: Peer, op: EndpointsOp, now: float) -> Any:
-        table: dict[str, Any] = {"models": self.endpoint_table(), "waiting": self.waiting()}
-        cold = self.cold()
-        if cold:  # the key only when there are some: a router from before reads the rest
-            table["cold"] = cold
-            for name in cold:
-                table["waiting"].pop(name, None)
-        if table != self._endpoints:
-            self._endpoints = table
-            self._endpoints_version += 1
-        return {"version": self._endpoints_version, **table}
 
     def cold(self) -> list[str]:
         """Served names of deployments that may scale to zero and have nothing ready
@@ -667,9 +478,6 @@ class Orchestrator:
                 self.last_events[e.replica] = e
         if len(self.last_events) > 2 * len(self.replicas) + 100:  # bounded: gone replicas go
             self.last_events = {k: e for k, e in self.last_events.items() if k in self.replicas}
-
-    def op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
-        return self.status_document(now)
 
     def status_document(self, now: float) -> dict[str, Any]:
         """What `ctl status -o json` prints, and the status page's /status.json."""
