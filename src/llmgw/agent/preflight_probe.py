@@ -5,12 +5,16 @@ Standalone on purpose: it imports only the standard library and torch, because i
 under the vLLM or SGLang interpreter, which has torch and no llmgw. The agent runs it as
 `<engine python> preflight_probe.py` with its settings in LLMGW_PREFLIGHT (JSON: nnodes,
 node_rank, master_addr, master_port, gpu_sizes, gpu_iters, cpu_sizes, cpu_iters, timeout:
-the GPU sizes over NCCL, the CPU ones over Gloo); the environment otherwise is
-the engine's (CUDA_VISIBLE_DEVICES, NCCL_*, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES).
+the GPU sizes over NCCL, the CPU ones over Gloo; optional local_ranks); the environment
+otherwise is the engine's (CUDA_VISIBLE_DEVICES, NCCL_*, GLOO_SOCKET_IFNAME, UCX_NET_DEVICES).
 
 On each node it starts one process per visible GPU (one on CPU), joins a torch.distributed
 group of nnodes x that many ranks over NCCL (GPUs) or Gloo (CPU) at master_addr:port,
-checks that an all-reduce sums correctly, then times all-reduces of each size. Bus
+checks that an all-reduce sums correctly, then times all-reduces of each size.
+
+A single-node replica's probe is given local_ranks, its GPU count: on GPUs torch must see
+exactly that many (else CUDA_VISIBLE_DEVICES is not the replica's: a failure); on CPU
+(simulated GPUs) that many Gloo ranks run on this node, so the world is its GPUs. Bus
 bandwidth as nccl-tests computes it: algbw = size / time, busbw = algbw x 2(n-1)/n, the
 figure comparable with the links' rate whatever n is. Local rank 0 prints one line:
 `LLMGW_PREFLIGHT {"ok": true, "backend": ..., "world": n, "results": [{"bytes", "seconds",
@@ -36,13 +40,11 @@ def _say(doc: dict[str, Any]) -> None:
     print(f"{TAG} {json.dumps(doc, sort_keys=True)}", flush=True)
 
 
-def _worker(local_rank: int, local_world: int, cfg: dict[str, Any], out: Any) -> dict[str, Any]:
+def _worker(local_rank: int, per_node: int, gpu: bool, cfg: dict[str, Any], out: Any) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    gpu = local_world > 0 and torch.cuda.is_available()
     backend = "nccl" if gpu else "gloo"
-    per_node = max(1, local_world)
     rank = int(cfg["node_rank"]) * per_node + local_rank
     world = int(cfg["nnodes"]) * per_node
     device = torch.device("cuda", local_rank) if gpu else torch.device("cpu")
@@ -106,17 +108,26 @@ def main() -> int:
     except ImportError as exc:
         _say({"ok": False, "error": f"torch is not importable by {sys.executable}: {exc}"})
         return 1
-    local = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if local <= 1:
-        doc = _worker(0, local, cfg, None)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    want = int(cfg.get("local_ranks") or 0)
+    if gpus and want and gpus != want:
+        _say({"ok": False, "backend": "nccl", "error": f"torch sees {gpus} GPUs "
+              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}), "
+              f"the replica has {want}", "seconds": time.monotonic() - started})
+        return 1
+    local = gpus or want or 1
+    if local == 1:
+        doc = _worker(0, 1, gpus > 0, cfg, None)
         doc["seconds"] = time.monotonic() - started
         _say(doc)
         return 0 if doc["ok"] else 1
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked into
+    # CUDA cannot be forked into; on CPU a fork of this process (torch imported, no op run
+    # yet) starts a rank without importing torch again: seconds less on a small machine.
+    ctx: Any = mp.get_context("spawn" if gpus else "fork")  # a context of either kind
     q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(i, local, cfg, q)) for i in range(local)]
+    procs = [ctx.Process(target=_worker, args=(i, local, gpus > 0, cfg, q)) for i in range(local)]
     for p in procs:
         p.start()
     docs = [q.get(timeout=float(cfg["timeout"]) + 30) for _ in procs]

@@ -14,7 +14,7 @@ import os
 
 from attrs import frozen
 
-from llmgw.agent.engines.preflight import RESULT_FILE
+from llmgw.agent.engines.preflight import RESULT_FILE, settings_of
 from llmgw.model.engine import PREFLIGHT_RUNNING as RUNNING
 from llmgw.model.engine import EngineSpec
 
@@ -30,10 +30,9 @@ class Reported:
 
 def result_path(folder: str, spec: EngineSpec) -> str:
     """Where this engine's launcher writes the probe's result; "" when its plan carries
-    none (the rule of engines/preflight.preflight_for: a gang of more than one node that
-    asks for one)."""
-    gang = spec.gang
-    if gang is None or gang.nnodes <= 1 or gang.preflight not in ("required", "best_effort"):
+    none (the rule of engines/preflight.settings_of: a gang of more than one node, or
+    one node's several GPUs, that asks for one)."""
+    if settings_of(spec) is None:
         return ""
     return os.path.join(folder, RESULT_FILE)
 

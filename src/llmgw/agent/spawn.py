@@ -17,6 +17,7 @@ from llmgw.agent import preflight_probe, procs
 from llmgw.agent.discovery.engine_check import resolve
 from llmgw.agent.discovery.engine_meta import shebang_interpreter
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
+from llmgw.agent.engines.preflight import settings_of
 from llmgw.config.agent import AgentConfig
 from llmgw.model.affinity import GpuHca, for_member
 from llmgw.model.engine import EngineKind, EngineSpec
@@ -49,7 +50,7 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
         if inventory is not None and spec.gang is not None and spec.gang.hcas:
             inv = inventory()
             nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
-        probe = probe_command(spec, config, python) if spec.gang and spec.gang.preflight else ("", "")
+        probe = probe_command(spec, config, python) if settings_of(spec) else ("", "")
         return build_plan(spec, config, config.supervisor.work_dir, python=python,
                           gpu_indices=gpu_indices, weights=weights, nics=nics, probe=probe)
 

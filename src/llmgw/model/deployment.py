@@ -98,7 +98,8 @@ class Deployment:
     # The collective pre-flight each member runs before its engine (issue 22): "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang
     # replica (the simulated engine's would need a torch it does not bring: asked for
-    # only). Like drain_timeout it shapes no engine: out of template_hash.
+    # only), none for one node (asked for only, on several GPUs: preflight_mode). Like
+    # drain_timeout it shapes no engine: out of template_hash.
     preflight: str = ""
     preflight_timeout: float = 60.0
     preflight_min_busbw: float = 0.0  # GB/s at the largest size; 0: no floor
@@ -109,10 +110,17 @@ class Deployment:
 
     @property
     def preflight_mode(self) -> str:
-        """The pre-flight its members run: "required", "best_effort" or "" (none)."""
-        if not self.gang:
-            return ""
-        mode = self.preflight or ("off" if self.engine is EngineKind.SIMULATED else "required")
+        """The pre-flight its members run: "required", "best_effort" or "" (none).
+
+        A gang's by default (required, but for the simulated engine). One node's only when
+        the deployment asks for it and has GPUs to probe: tensor parallelism over several
+        (its NVLink or PCIe path, all ranks on that node). One GPU on one node is accepted
+        and runs none: an all-reduce over one rank moves no bytes, and a refusal would make
+        a server refuse the stored deployments of a version that accepted it."""
+        if self.gang:
+            mode = self.preflight or ("off" if self.engine is EngineKind.SIMULATED else "required")
+        else:
+            mode = self.preflight if self.gpus_per_node > 1 else ""
         return "" if mode == "off" else mode
 
     @property
@@ -346,9 +354,20 @@ class Replica:
                     max_lora_rank=d.max_lora_rank,
                     sleep_mode=d.sleep_mode,
                     asleep=d.asleep,
+                    **(_single_preflight(d) if gang is None else {}),
                 )
             )
         return tuple(out)
+
+
+def _single_preflight(d: Deployment) -> dict[str, Any]:
+    """A one-node replica's pre-flight settings for its EngineSpec (a gang's ride in
+    GangSpec); none where it runs none, so that such specs stay as they were."""
+    mode = d.preflight_mode
+    if not mode:
+        return {}
+    return {"preflight": mode, "preflight_timeout": d.preflight_timeout,
+            "preflight_min_busbw": d.preflight_min_busbw}
 
 
 def replica_id(deployment: str, index: int) -> str:

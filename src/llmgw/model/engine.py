@@ -77,6 +77,12 @@ class EngineSpec:
     env: dict[str, str] = field(factory=dict)
     startup_timeout: float = 600.0  # seconds
     gang: GangSpec | None = None
+    # A single-node tensor-parallel replica's pre-flight (issue 22), as GangSpec's fields
+    # are a gang member's: "required", "best_effort" or "" (none; always "" on a gang
+    # member, whose own is in `gang`).
+    preflight: str = ""
+    preflight_timeout: float = 60.0
+    preflight_min_busbw: float = 0.0
     # The deployment this engine was made from, as its file would hold it. The agent keeps
     # it in the engine's record and sends it back at Hello, so that a server that lost its
     # state can rebuild the deployment, template and all, without restarting the engine.

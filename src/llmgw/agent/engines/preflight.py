@@ -1,5 +1,5 @@
-"""The pre-flight of a gang member (pure): the probe process to run before the engine,
-and what its output says.
+"""The pre-flight of a gang member, or of a single-node tensor-parallel replica (pure):
+the probe process to run before the engine, and what its output says.
 
 The probe (llmgw/agent/preflight_probe.py) runs under the engine's own Python with the
 engine's own environment — the same CUDA_VISIBLE_DEVICES, NCCL_*/GLOO_* interfaces,
@@ -8,6 +8,15 @@ and port (the engine's own, free until the engine starts). The launcher
 (llmgw.agent.launcher) runs it first, bounded by `timeout`, writes what it found to the
 engine's folder and its log, and starts the engine only when it passed (or, best
 effort, whatever it found).
+
+One node (a deployment of nodes: 1 and several GPUs that sets `preflight`, carried by
+EngineSpec.preflight*): the probe runs on that node alone, one rank per placed GPU (world
+size = the GPU count, local_ranks), meeting on 127.0.0.1 at a port of the replica's own:
+the last of its engine block (vLLM takes at most 15 of the 16, SGLang 8), else, for an
+engine with no block (the simulated one), its HTTP port, which the engine binds only after.
+There the all-reduce rides NVLink or PCIe, not a fabric: NVLink's rate is not the fabric's
+`rate_gbps`, and no rate of it is known to the agent, so no default floor applies (no
+nccl_floor_gbps); only the deployment's preflight_min_busbw judges the bandwidth.
 
 Sizes: 1 MiB to 256 MiB on GPUs, as issue 22 asks (small sizes show latency, the large one
 the links' bandwidth); on CPU, 64 KiB to 4 MiB, since Gloo over loopback or Ethernet is
@@ -22,6 +31,7 @@ from typing import Any
 from attrs import frozen
 
 from llmgw.agent.engines.plan import Preflight, ProcessPlan
+from llmgw.model.deployment import ENGINE_PORT_BLOCK
 from llmgw.model.engine import EngineSpec
 
 PROBE_ENV = "LLMGW_PREFLIGHT"  # the probe's settings (preflight_probe.ENV)
@@ -51,18 +61,64 @@ def nccl_floor(rate_gbps: float, hcas: int) -> float:
     return FLOOR_FRACTION * rate_gbps / 8 * hcas
 
 
+LOOPBACK = "127.0.0.1"  # a single-node probe's rendezvous: every rank is on this node
+
+
+@frozen
+class ProbeSettings:
+    """What `spec` asks of its pre-flight (settings_of): the mode, its bounds, and where
+    its ranks meet."""
+
+    required: bool
+    timeout: float
+    min_busbw_gbps: float
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    # Ranks on this node (one per placed GPU) for a single-node probe; 0: as today's gang
+    # probe, one per GPU torch sees, one on CPU.
+    local_ranks: int = 0
+
+
+def settings_of(spec: EngineSpec) -> ProbeSettings | None:
+    """The pre-flight `spec` asks for; None: none. A gang member's, as its GangSpec says
+    (more than one node); else a single-node replica's, as EngineSpec.preflight says, on
+    more than one GPU (one has nothing to probe)."""
+    gang = spec.gang
+    if gang is not None:
+        if gang.nnodes <= 1 or gang.preflight not in ("required", "best_effort"):
+            return None
+        return ProbeSettings(gang.preflight == "required", gang.preflight_timeout,
+                             gang.preflight_min_busbw, gang.nnodes, gang.rank,
+                             gang.head_addr, gang.rendezvous_port)
+    if spec.preflight not in ("required", "best_effort") or len(spec.gpus) < 2:
+        return None
+    return ProbeSettings(spec.preflight == "required", spec.preflight_timeout,
+                         spec.preflight_min_busbw, 1, 0, LOOPBACK, local_port(spec),
+                         local_ranks=len(spec.gpus))
+
+
+def local_port(spec: EngineSpec) -> int:
+    """A single-node probe's rendezvous port: the last of the engine's reserved block (no
+    engine of ours takes it), else the engine's HTTP port (free until the engine starts,
+    and bound with SO_REUSEADDR by the simulated engine, the one without a block)."""
+    return spec.port_base + ENGINE_PORT_BLOCK - 1 if spec.port_base else spec.port
+
+
 def preflight_for(spec: EngineSpec, env: dict[str, str], python: str, script: str,
                   cwd: str, nccl_floor_gbps: float = 0.0) -> Preflight | None:
-    """The pre-flight a gang member's plan carries, as its GangSpec asks; None: none.
-    `nccl_floor_gbps`: the floor where the deployment sets none and the probe ran NCCL."""
-    gang = spec.gang
-    if gang is None or gang.nnodes <= 1 or gang.preflight not in ("required", "best_effort"):
+    """The pre-flight a plan carries, as settings_of reads `spec`; None: none.
+    `nccl_floor_gbps`: the floor where the deployment sets none and the probe ran NCCL
+    (a gang's, from its fabric; 0 on one node, where no fabric is crossed)."""
+    want = settings_of(spec)
+    if want is None:
         return None
-    proc = probe_process(spec, env, python, script, cwd, gang.preflight_timeout)
-    return Preflight(proc, timeout=gang.preflight_timeout, required=gang.preflight == "required",
-                     min_busbw_gbps=gang.preflight_min_busbw,
+    proc = probe_process(spec, env, python, script, cwd, want.timeout)
+    return Preflight(proc, timeout=want.timeout, required=want.required,
+                     min_busbw_gbps=want.min_busbw_gbps,
                      result_path=f"{cwd}/{RESULT_FILE}" if cwd else RESULT_FILE,
-                     nccl_floor_gbps=nccl_floor_gbps)
+                     nccl_floor_gbps=nccl_floor_gbps if spec.gang is not None else 0.0)
 
 
 def floor_for(result: ProbeResult, min_busbw_gbps: float, nccl_floor_gbps: float) -> float:
@@ -76,22 +132,24 @@ def floor_for(result: ProbeResult, min_busbw_gbps: float, nccl_floor_gbps: float
 def probe_process(spec: EngineSpec, env: dict[str, str], python: str, script: str, cwd: str,
                   timeout: float = DEFAULT_TIMEOUT) -> ProcessPlan:
     """The probe as a process: `python script`, the engine's `env` with the probe's
-    settings added. `spec` must be a gang member (spec.gang set)."""
-    gang = spec.gang
-    assert gang is not None, "pre-flight is for gang members"
+    settings added. `spec` must ask for a pre-flight (settings_of)."""
+    want = settings_of(spec)
+    assert want is not None, "no pre-flight asked for"
     # Both sets: the probe takes the GPU one only where torch sees the GPUs (NCCL), so a
     # CPU-only torch (CI, the simulated engine) runs Gloo at the small sizes.
-    settings = {
-        "nnodes": gang.nnodes,
-        "node_rank": gang.rank,
-        "master_addr": gang.head_addr,
-        "master_port": gang.rendezvous_port,
+    settings: dict[str, Any] = {
+        "nnodes": want.nnodes,
+        "node_rank": want.node_rank,
+        "master_addr": want.master_addr,
+        "master_port": want.master_port,
         "gpu_sizes": list(GPU_SIZES),
         "gpu_iters": GPU_ITERS,
         "cpu_sizes": list(CPU_SIZES),
         "cpu_iters": CPU_ITERS,
         "timeout": timeout,
     }
+    if want.local_ranks:
+        settings["local_ranks"] = want.local_ranks
     return ProcessPlan("preflight", (python, script), {**env, PROBE_ENV: json.dumps(settings)}, cwd)
 
 

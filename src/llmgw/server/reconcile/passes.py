@@ -171,8 +171,9 @@ class Pass:
 
     def place(self, r: Replica, exclude: frozenset[str] = frozenset()) -> Replica:
         """Place an unplaced replica with a fresh generation; PENDING with a reason if none.
-        A gang also avoids the nodes where a gang's pre-flight failed lately."""
-        if r.spec.nodes > 1 and self.state.avoid:
+        A gang, or a single-node replica that runs a pre-flight, also avoids the nodes
+        where a pre-flight failed lately."""
+        if (r.spec.gang or r.spec.preflight_mode) and self.state.avoid:
             exclude = exclude | self.avoided()
         key = (self.hash(r.spec), exclude)
         view = self.view
@@ -250,14 +251,15 @@ class Pass:
         return self.sick_gpu(r) or self.sick_hca(r)
 
     def avoided(self) -> frozenset[str]:
-        """The nodes new gangs avoid now (ReconcileState.avoid, expired ones dropped)."""
+        """The nodes new gangs and probed replicas avoid now (ReconcileState.avoid, expired ones
+        dropped)."""
         avoid = self.state.avoid
         for n in [n for n, until in avoid.items() if until <= self.now]:
             del avoid[n]
         return frozenset(avoid)
 
     def avoid(self, nodes: Iterable[str], seconds: float) -> None:
-        """Keep new gangs off `nodes` for `seconds` (a gang left waiting for room is
+        """Keep new gangs and probed replicas off `nodes` for `seconds` (one left waiting for room is
         looked at again when the first may be tried again: ReconcileState.track)."""
         until = self.now + seconds
         for n in nodes:

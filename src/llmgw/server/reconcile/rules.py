@@ -300,14 +300,16 @@ def _failed(p: Pass, r: Replica, rep: EngineReport) -> None:
         p.event(r, f"port {rep.conflict_port} on {node_id} is taken ({rep.reason}): placing again")
         p.place(p.unplace(r))
         return
-    if r.spec.nodes > 1 and r.restarts + 1 < s.crashloop_after:
+    if r.spec.preflight_mode and r.restarts + 1 < s.crashloop_after:
         why = preflight_failure(rep.exit_code, rep.log_tail)
         if why:
-            # The gang's collective check failed: the nodes or the links between them,
-            # not the engine. Counted as a failure, but placed again at once, away from
-            # these nodes for a while (every member's probe fails alike, so all of them).
+            # The collective check failed: the nodes or the links between them (a gang's
+            # fabric, one node's NVLink or PCIe), not the engine. Counted as a failure, but
+            # placed again at once, away from these nodes for a while (every member's
+            # probe fails alike, so all of them).
             nodes = r.node_ids
-            p.event(r, f"pre-flight failed on {', '.join(nodes)} (fabric {r.fabric or '-'}): {why}; "
+            where = f"fabric {r.fabric or '-'}" if r.spec.gang else "its GPUs' links on one node"
+            p.event(r, f"pre-flight failed on {', '.join(nodes)} ({where}): {why}; "
                        f"avoiding them for {AVOID_SECONDS:g}s, placing again")
             p.avoid(nodes, AVOID_SECONDS)
             r = p.put(evolve(r, restarts=r.restarts + 1, last_log_tail=rep.log_tail,

@@ -65,7 +65,7 @@ class ReconcileState:
         # Node id -> its unhealthy HCAs (the agent's HCA watch, or no active port; only
         # nodes that have one): a gang member riding one is moved the same way.
         self.sick_hcas: dict[str, frozenset[str]] = {}
-        # Node id -> until when new gangs avoid it: a gang's pre-flight failed on it
+        # Node id -> until when new gangs and probed replicas avoid it: a pre-flight failed on it
         # (model/preflight.py). Kept by the long-lived state only: a restarted server
         # starts with none, which costs one more failed pre-flight at worst.
         self.avoid: dict[str, float] = {}
@@ -230,9 +230,10 @@ class ReconcileState:
         self.of_deployment.setdefault(new.deployment, set()).add(rid)
         if not new.placed:
             self.unplaced.add(rid)
-        if not new.placed and new.spec.nodes > 1 and self.avoid:
-            # A gang waiting while nodes are avoided: looked at again when the first may
-            # be tried again, though nothing else changes.
+        if not new.placed and (new.spec.gang or new.spec.preflight_mode) and self.avoid:
+            # A gang, or a probed single-node replica, waiting while nodes are
+            # avoided: looked at again when the first may be tried again, though nothing
+            # else changes.
             self.timed[rid] = min(self.avoid.values())
         elif new.state in BACKING_OFF:
             self.timed[rid] = new.backoff_until
