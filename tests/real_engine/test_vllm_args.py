@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from llmgw.agent.engines import LaunchPlan, build_plan
+from llmgw.agent.engines.weights import Weights
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
 from llmgw.model.deployment import ENGINE_PORT_BLOCK
 from llmgw.model.engine import Adapter, EngineKind, EngineSpec, GangSpec
@@ -49,6 +50,7 @@ def _plans() -> dict[str, tuple[str, ...]]:
         assert argv[0] == VLLM and argv[1] == "serve", argv
         out[name] = argv[1:]
     out["single-lora"] = _lora_plan().main.argv[1:]
+    out["single-download"] = _download_plan().main.argv[1:]
     out["single-sleep"] = _sleep_plan(None).main.argv[1:]
     out["mp-rank1-sleep"] = _sleep_plan(1).main.argv[1:]
     return out
@@ -57,6 +59,15 @@ def _plans() -> dict[str, tuple[str, ...]]:
 def _sleep_plan(rank: int | None) -> LaunchPlan:
     return build_plan(attrs.evolve(_spec(rank), sleep_mode=True), _config("mp"),
                       "/var/lib/llmgw-agent", gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
+
+
+def _download_plan() -> LaunchPlan:
+    """A node with no copy: vLLM fetches the hub id into the agent's download_dir."""
+    weights = Weights("org/llama", {"HF_HUB_CACHE": "/data/hf/hub"}, None, "downloading",
+                      download_dir="/data/hf/hub")
+    return build_plan(attrs.evolve(_spec(None), model="org/llama"), _config("mp"),
+                      "/var/lib/llmgw-agent", gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1},
+                      weights=weights)
 
 
 def _lora_plan() -> LaunchPlan:
@@ -110,6 +121,9 @@ def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict])
     assert parsed["single-sleep"]["args"]["enable_sleep_mode"] is True
     assert parsed["mp-rank1-sleep"]["args"]["enable_sleep_mode"] is True
     assert single["enable_sleep_mode"] is False
+    fetch = parsed["single-download"]["args"]
+    assert (fetch["model_tag"], fetch["download_dir"]) == ("org/llama", "/data/hf/hub")
+    assert single["download_dir"] is None
 
 
 def test_vllm_serves_the_sleep_endpoints_under_the_sleep_plans_env(vllm_venv: Path) -> None:
@@ -198,9 +212,11 @@ def test_vllm_reads_every_plans_devices_as_the_placed_gpus(vllm_venv: Path) -> N
 
 
 def _free_block(size: int) -> int:
-    """The first of `size` ports free on this host (bindable now)."""
+    """The first of `size` ports free on this host (bindable now). Above Linux's ephemeral
+    range (32768-60999): a machine that has just made thousands of connections holds
+    ports there in TIME_WAIT, and 16 in a row are then hard to find."""
     for _ in range(200):
-        base = random.randrange(40000, 60000 - size)
+        base = random.randrange(61000, 65536 - size)
         socks = []
         try:
             for port in range(base, base + size):

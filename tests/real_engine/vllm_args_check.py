@@ -32,7 +32,7 @@ import sys
 KEYS = ("model_tag", "host", "port", "served_model_name", "tensor_parallel_size",
         "pipeline_parallel_size", "distributed_executor_backend", "nnodes", "node_rank",
         "master_addr", "master_port", "headless", "max_model_len", "enforce_eager",
-        "enable_lora", "max_loras", "max_lora_rank", "enable_sleep_mode")
+        "enable_lora", "max_loras", "max_lora_rank", "enable_sleep_mode", "download_dir")
 
 
 def main() -> None:
