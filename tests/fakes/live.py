@@ -78,6 +78,12 @@ def _cwd_below(root: Path) -> list[int]:
     return found
 
 
+def simulated(name: str, model: str = "", *, extra: str = "") -> str:
+    """A deployment of one replica on one simulated GPU, as YAML (`extra`: more keys)."""
+    return (f"name: {name}\nmodel: {model or 'org/' + name}\nengine: simulated\n"
+            f"gpus_per_node: 1\nreplicas: 1\n{extra}")
+
+
 def kill_engines(root: Path) -> None:
     """Safety net for a test's end: SIGKILL, by pid, every process started under `root`
     (its cwd is below it). Not by tag alone: vLLM's EngineCore and workers set their
@@ -109,6 +115,11 @@ class Proc:
 
     def wait(self, timeout: float = 15) -> int:
         return self.p.wait(timeout=timeout)
+
+    def wait_line(self, text: str, timeout: float, what: str) -> None:
+        """Until `text` is in its log; it must still be running then."""
+        wait_for(lambda: text in self.text() or self.p.poll() is not None, timeout, what)
+        assert self.p.poll() is None, self.text()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
         if self.p.poll() is None:
@@ -148,9 +159,17 @@ class Cluster:
     def start_server(self) -> Proc:
         p = Proc([*LLMGW, "server", "--config", str(self.server_toml)], self.root / "server.log")
         self.procs.append(p)
-        wait_for(lambda: "listening on" in p.text() or p.p.poll() is not None, 20, "server start")
-        assert p.p.poll() is None, p.text()
+        p.wait_line("listening on", 20, "server start")
         return p
+
+    def up(self, agents: Mapping[str, Mapping[str, Any]], timeout: float = 20) -> Proc:
+        """The server, then an agent per node id (its config overrides), until every node
+        is ready. Returns the server."""
+        server = self.start_server()
+        for node, kw in agents.items():
+            self.start_agent(node, **kw)
+        self.wait_states(dict.fromkeys(agents, "ready"), timeout=timeout)
+        return server
 
     def agent_config(self, node_id: str, *, key_name: str | None = None, **overrides: Any) -> Path:
         name = key_name or node_id
@@ -203,17 +222,39 @@ class Cluster:
         if not (self.keys_dir / f"{name}.key_secret").exists():
             keys.issue_key(str(self.keys_dir), "router", name)
         cfg = self.root / f"{name}.toml"
-        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{self.address}"\n{extra}'
+        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = {self.router_servers()}\n{extra}'
                        f'[keys]\nsecret_key = "{self.keys_dir / f"{name}.key_secret"}"\n'
                        f'server_key = "{self.server_key}"\n')
         p = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / f"{name}.log")
         self.procs.append(p)
         return p, port
 
+    def router_servers(self) -> str:
+        """A router's `server` value in TOML: this cluster's address."""
+        return json.dumps(self.address)
+
     def replicas(self) -> dict[str, dict[str, Any]]:
-        r = self.ctl("get", "replicas", "-o", "json")
+        return {x["id"]: x for x in self.ok_json("get", "replicas")}
+
+    def ok(self, *args: str) -> str:
+        """A ctl command that must succeed: its stdout."""
+        r = self.ctl(*args)
         assert r.returncode == 0, r.stderr
-        return {x["id"]: x for x in json.loads(r.stdout)}
+        return r.stdout
+
+    def ok_json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "-o", "json"))
+
+    def apply(self, name: str, body: str) -> Path:
+        """`body` written to <root>/<name>.yaml and applied (it must be accepted)."""
+        f = self.root / f"{name}.yaml"
+        f.write_text(body)
+        self.ok("apply", "-f", str(f))
+        return f
+
+    def apikey(self, name: str, *flags: str) -> str:
+        """A new API key's secret (`flags`: ctl apikey create's, --rpm 10 and so on)."""
+        return str(self.ok_json("apikey", "create", name, *flags)["secret"])
 
     def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return run_cli("ctl", "--server", self.address, "--key", self.admin_key,

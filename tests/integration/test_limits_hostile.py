@@ -8,27 +8,16 @@ from __future__ import annotations
 import json
 import resource
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
 import trio.lowlevel
 
-from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, wait_for
-from llmgw.transport import keys
+from fakes.live import Cluster, simulated, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
-DEPLOYMENT = """name: a
-model: org/a
-engine: simulated
-gpus_per_node: 1
-replicas: 1
-env:
-  LLMGW_SIM_TTFT: "1.5"
-"""
+DEPLOYMENT = simulated("a", extra='env:\n  LLMGW_SIM_TTFT: "1.5"\n')
 FLOOD = 10_000
 
 
@@ -56,43 +45,18 @@ async def one(port: int, req: bytes, out: list[int]) -> None:
         out.append(0)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def test_ten_thousand_at_once_on_a_concurrency_4_key(cluster: Cluster, tmp_path: Path) -> None:
+def test_ten_thousand_at_once_on_a_concurrency_4_key(cluster: Cluster) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = FLOOD + 1000
     if hard < need:
         pytest.skip(f"needs {need} descriptors, the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
     c = cluster
-    c.start_server()
-    c.start_agent("n1", discovery={"simulated_gpus": 1})
-    c.wait_states({"n1": "ready"})
-    f = tmp_path / "a.yaml"
-    f.write_text(DEPLOYMENT)
-    assert c.ctl("apply", "-f", str(f)).returncode == 0
-
-    def create(*args: str) -> str:
-        r = c.ctl("apikey", "create", *args, "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return str(json.loads(r.stdout)["secret"])
-    four = create("four", "--concurrency", "4")
-    other = create("other")
-    port = free_port()
-    keys.issue_key(str(c.keys_dir), "router", "r1")
-    cfg = tmp_path / "router.toml"
-    cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{c.address}"\n'
-                   f'[keys]\nsecret_key = "{c.keys_dir / "r1.key_secret"}"\n'
-                   f'server_key = "{c.server_key}"\n')
-    router = Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / "router.log")
-    c.procs.append(router)
+    c.up({"n1": {"discovery": {"simulated_gpus": 1}}})
+    c.apply("a", DEPLOYMENT)
+    four = c.apikey("four", "--concurrency", "4")
+    other = c.apikey("other")
+    router, port = c.start_router()
 
     def served() -> bool:
         got: list[int] = []

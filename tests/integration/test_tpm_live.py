@@ -6,61 +6,25 @@ limit is near; a request whose max_tokens alone is over the limit is refused up 
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fakes.live import Cluster, wait_for
+from fakes.live import Cluster, simulated, wait_for
+from fakes.web import post
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
-DEPLOYMENT = """name: a
-model: org/a
-engine: simulated
-gpus_per_node: 1
-replicas: 1
-"""
 TPM = 600
 
 
-def post(port: int, body: dict[str, Any], secret: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(body),
-                     {"content-type": "application/json", "authorization": f"Bearer {secret}"})
-        r = conn.getresponse()
-        return r.status, r.read()
-    except OSError as exc:
-        return 0, str(exc).encode()
-    finally:
-        conn.close()
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def test_tpm_plain_and_streamed(cluster: Cluster, tmp_path: Path) -> None:
+def test_tpm_plain_and_streamed(cluster: Cluster) -> None:
     c = cluster
-    c.start_server()
-    c.start_agent("n1", discovery={"simulated_gpus": 1})
-    c.wait_states({"n1": "ready"})
-    f = tmp_path / "a.yaml"
-    f.write_text(DEPLOYMENT)
-    assert c.ctl("apply", "-f", str(f)).returncode == 0
-    r = c.ctl("apikey", "create", "t", "--tpm", str(TPM), "-o", "json")
-    assert r.returncode == 0, r.stderr
-    secret = json.loads(r.stdout)["secret"]
+    c.up({"n1": {"discovery": {"simulated_gpus": 1}}})
+    c.apply("a", simulated("a"))
+    secret = c.apikey("t", "--tpm", str(TPM))
     ports = [c.start_router(f"r{i}")[1] for i in range(2)]
     # Over the limit on its own: refused at once, before any engine sees it. Until each
     # router has the key and a ready replica the answer is 401 or 503, which spends
@@ -70,7 +34,7 @@ def test_tpm_plain_and_streamed(cluster: Cluster, tmp_path: Path) -> None:
         wait_for(lambda p=port: post(p, big, secret)[0] == 429, 60,  # type: ignore[misc]
                  f"router on {port} with the key and a ready replica")
     t0 = time.monotonic()
-    code, raw = post(ports[0], big, secret)
+    code, _, raw = post(ports[0], big, secret)
     assert code == 429 and time.monotonic() - t0 < 1.0, raw
     err = json.loads(raw)["error"]
     assert err["code"] == "rate_limit_exceeded" and err["type"] == "tokens", err
@@ -84,7 +48,7 @@ def test_tpm_plain_and_streamed(cluster: Cluster, tmp_path: Path) -> None:
         body: dict[str, Any] = {"model": "org/a", "prompt": "hello " * 5, "max_tokens": 20}
         if i % 2:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
-        code, raw = post(ports[i % 2], body, secret)
+        code, _, raw = post(ports[i % 2], body, secret)
         if code == 429:
             refused += 1
             continue
