@@ -21,10 +21,12 @@ from llmgw.agent.preflight_report import result_path
 from llmgw.agent.spawn import default_plan
 from llmgw.config.agent import FabricConfig
 from llmgw.config.deployment import parse_deployment
+from llmgw.ctl.render import _describe_node
 from llmgw.model.deployment import ENGINE_PORT_BLOCK, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState
 from llmgw.model.preflight import AVOID_SECONDS, EXIT_CODE
 from llmgw.server.reconcile.rules import NodeDelta, ReconcileState, reconcile_dirty
+from llmgw.server.status import local_preflight
 
 BASE = {"name": "x", "model": "m", "engine": "vllm", "gpus_per_node": 2, "replicas": 1}
 
@@ -142,3 +144,19 @@ def test_a_replica_without_a_probe_does_not_avoid_the_node() -> None:
     probed.avoid["a"] = 5000.0
     reconcile_dirty(probed, {"d": dep(1, gpus=2, preflight="required")}, 1000.0)
     assert not probed.replicas["d-0"].placed
+
+
+def test_describe_node_keeps_the_last_passed_single_node_figure() -> None:
+    d = parse_deployment({**BASE, "preflight": "required"}, "t")
+
+    def placed(rid: str, at: float, line: str, busbw: float) -> tuple[Replica, dict[str, EngineReport]]:
+        r = Replica(rid, "x", 0, d, members=(Member("n1", 0, ("GPU-a", "GPU-b"), 20001),), placed_at=at)
+        return r, {"n1": EngineReport(rid, 1, EngineState.READY, preflight=line, preflight_busbw_gbps=busbw)}
+
+    passed = "passed: nccl x2, 256 MiB at 350 GB/s bus bandwidth, in 3.0s"
+    got = local_preflight([placed("x-0", 10.0, passed, 350.0), placed("x-1", 20.0, "running", 0.0),
+                           placed("x-2", 5.0, passed, 300.0)])
+    assert got == {"replica": "x-0", "busbw_gbps": 350.0, "line": passed}
+    assert local_preflight([placed("x-1", 20.0, "failed: boom", 0.0)]) == {}
+    text = _describe_node({"id": "n1", "state": "ready", "heartbeat_age": 0, "gpus": [], "preflight_gpus": got})
+    assert "pre-flight on its GPUs: 350 GB/s bus bandwidth (x-0, one node)" in text

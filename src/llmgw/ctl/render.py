@@ -235,6 +235,9 @@ def _describe_node(n: dict[str, Any]) -> str:
         lines += _gpu_notes(gpus)
     lines += _hca_notes(n.get("hcas") or [])
     lines += fabric_preflight_lines(n.get("preflight"))
+    if isinstance(local := n.get("preflight_gpus"), dict):  # a single-node replica's (issue 22)
+        lines.append(f"pre-flight on its GPUs: {local.get('busbw_gbps', 0):.3g} GB/s bus bandwidth "
+                     f"({local.get('replica', '?')}, one node)")
     for w in n.get("warnings", []):
         lines.append(f"warning: {w}")
     lines += ["", "Replicas:"]

@@ -219,8 +219,10 @@ def describe_node(o: Orchestrator, node: Node, now: float) -> dict[str, Any]:
     # The last passed pre-flight of each of the node's fabrics (issue 22).
     mine_fabrics = {f.name for f in node.inventory.fabrics}
     figures = {f: v for f, v in preflight_by_fabric(o).items() if f in mine_fabrics}
+    # And the last passed one of a single-node replica on its GPUs (NVLink or PCIe).
+    local = local_preflight((r, _member_reports(o, r)) for r in mine)
     return {**node_view(node, now), "replica_list": [_with_last_event(o, r) for r in mine],
-            "preflight": figures}
+            "preflight": figures, **({"preflight_gpus": local} if local else {})}
 
 
 def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> dict[str, Any]:
@@ -310,6 +312,24 @@ def fabric_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport
                          "busbw_gbps": min(reports[n].preflight_busbw_gbps for n in lines),
                          "members": lines}
     return dict(sorted(out.items()))
+
+
+def local_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport]]]
+                    ) -> dict[str, Any]:
+    """Of the single-node replicas whose probe passed (a tensor-parallel one that asks,
+    issue 22), the one placed last: {"replica", "busbw_gbps" (GB/s at the probe's largest
+    size), "line"}; {} when none. The figure of a node's own GPU links, not a fabric's."""
+    best: dict[str, Any] = {}
+    when = -1.0
+    for r, reports in replicas:
+        if len(r.members) != 1 or r.placed_at <= when:
+            continue
+        rep = reports.get(r.members[0].node_id)
+        if rep is None or not rep.preflight.startswith("passed"):
+            continue
+        when = r.placed_at
+        best = {"replica": r.id, "busbw_gbps": rep.preflight_busbw_gbps, "line": rep.preflight}
+    return best
 
 
 def preflight_by_fabric(o: Orchestrator) -> dict[str, dict[str, Any]]:

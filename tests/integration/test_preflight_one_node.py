@@ -65,6 +65,8 @@ def test_a_single_node_tp_replica_waits_in_preflight_then_shows_its_figures(tmp_
         d = describe()
         assert d["preflight"] == {"a1": PASSED}, d["preflight"]
         assert f"Pre-flight:\n  a1: {PASSED}" in c.ctl("describe", "replica", "tp-0").stdout
+        node = c.ctl("describe", "node", "a1")
+        assert "pre-flight on its GPUs: 40 GB/s bus bandwidth (tp-0, one node)" in node.stdout, node.stdout
         folder = tmp_path / "agents" / "a1" / "work" / "engines" / "tp-0"
         saw = json.loads((folder / "probe_saw.json").read_text())
         cfg = saw["cfg"]
