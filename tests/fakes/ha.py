@@ -4,6 +4,7 @@ pid at the end."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -70,6 +71,9 @@ class HACluster(Cluster):
     def agent_config(self, node_id: str, **overrides: Any) -> Path:
         overrides.setdefault("server", list(self.addresses))
         return super().agent_config(node_id, **overrides)
+
+    def router_servers(self) -> str:
+        return json.dumps(self.addresses)  # every server: a router follows the leader
 
     def ctl(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         servers = [a for addr in self.addresses for a in ("--server", addr)]

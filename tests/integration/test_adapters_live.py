@@ -6,74 +6,47 @@ engine without a restart (the pid stays) and routed by name through the router, 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from fakes.adapters import write_adapter
-from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
+from fakes.live import Cluster, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
-from llmgw.transport import keys
+from fakes.web import http_json
 
 
-def _router(cluster: Cluster, tmp_path: Path) -> str:
-    keys.issue_key(str(cluster.keys_dir), "router", "r1")
-    port = free_port()
-    cfg = tmp_path / "router.toml"
-    cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{cluster.address}"\n'
-                   'table_poll_interval = "200ms"\n[keys]\n'
-                   f'secret_key = "{cluster.keys_dir / "r1.key_secret"}"\n'
-                   f'server_key = "{cluster.server_key}"\n')
-    p = Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / "router.log")
-    cluster.procs.append(p)
-    wait_for(lambda: "router listening" in p.text() or p.p.poll() is not None, 20, "router start")
-    assert p.p.poll() is None, p.text()
+def _router(cluster: Cluster) -> str:
+    p, port = cluster.start_router(extra='table_poll_interval = "200ms"\n')
+    p.wait_line("router listening", 20, "router start")
     return f"http://127.0.0.1:{port}"
 
 
-def _http(url: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
-
-
-def _apply(cluster: Cluster, tmp_path: Path, adapters: list[tuple[str, Path]]) -> None:
-    f = tmp_path / "lora.yaml"
+def _apply(cluster: Cluster, adapters: list[tuple[str, Path]]) -> None:
     lines = ["name: lora", "model: org/sim-base", "served_name: base", "engine: simulated",
              "gpus_per_node: 1", "replicas: 1", "max_loras: 2"]
     if adapters:
         lines.append("adapters:")
         lines += [f"  - {{name: {n}, path: {p}}}" for n, p in adapters]
-    f.write_text("\n".join(lines) + "\n")
-    r = cluster.ctl("apply", "-f", str(f))
-    assert r.returncode == 0, r.stderr
+    cluster.apply("lora", "\n".join(lines) + "\n")
 
 
 def _models(router: str) -> dict[str, dict]:
-    status, doc = _http(f"{router}/v1/models")
+    status, doc = http_json(f"{router}/v1/models")
     assert status == 200
     return {c["id"]: c for c in doc["data"]}
 
 
 def _complete(router: str, model: str) -> tuple[int, Any]:
-    return _http(f"{router}/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2})
+    return http_json(f"{router}/v1/completions", {"model": model, "prompt": "hi", "max_tokens": 2})
 
 
 def test_adapters_load_route_and_unload_without_a_restart(cluster: Cluster, tmp_path: Path) -> None:
     sql = write_adapter(tmp_path / "adapters" / "sql")
     chat = write_adapter(tmp_path / "adapters" / "chat")
-    cluster.start_server()
-    cluster.start_agent("n1", discovery={"nvidia_smi": str(pcie_box(tmp_path / "smi"))})
-    cluster.wait_states({"n1": "ready"})
-    router = _router(cluster, tmp_path)
+    cluster.up({"n1": {"discovery": {"nvidia_smi": str(pcie_box(tmp_path / "smi"))}}})
+    router = _router(cluster)
 
-    _apply(cluster, tmp_path, [("base-sql", sql)])
+    _apply(cluster, [("base-sql", sql)])
     wait_for(lambda: _complete(router, "base-sql")[0] == 200, 60, "base-sql served", interval=0.3)
     status, answer = _complete(router, "base-sql")
     assert answer["model"] == "base-sql"  # the engine answers in the adapter's name
@@ -81,7 +54,7 @@ def test_adapters_load_route_and_unload_without_a_restart(cluster: Cluster, tmp_
     assert len(pids) == 1
 
     # Added: loaded on the running engine, routed by name, listed with its base.
-    _apply(cluster, tmp_path, [("base-sql", sql), ("base-chat", chat)])
+    _apply(cluster, [("base-sql", sql), ("base-chat", chat)])
     wait_for(lambda: _complete(router, "base-chat")[0] == 200, 30, "base-chat served", interval=0.3)
     cards = _models(router)
     assert cards["base-chat"]["parent"] == "base" and cards["base-sql"]["parent"] == "base"
@@ -89,7 +62,7 @@ def test_adapters_load_route_and_unload_without_a_restart(cluster: Cluster, tmp_
     assert set(engine_pids(cluster.root)) == pids  # no restart
 
     # Removed: unloaded, then unknown, as a model that is not deployed is.
-    _apply(cluster, tmp_path, [("base-chat", chat)])
+    _apply(cluster, [("base-chat", chat)])
     # Between the engine's unload and the router's next table the engine itself answers
     # 404 (vLLM's "The model `base-sql` does not exist."); then the router does.
     def gone() -> bool:
@@ -102,7 +75,7 @@ def test_adapters_load_route_and_unload_without_a_restart(cluster: Cluster, tmp_
     assert set(engine_pids(cluster.root)) == pids
 
     # A path no node sees: the router answers 503 with the engine's reason, not 404.
-    _apply(cluster, tmp_path, [("base-chat", chat), ("base-lost", tmp_path / "nowhere")])
+    _apply(cluster, [("base-chat", chat), ("base-lost", tmp_path / "nowhere")])
 
     def lost() -> tuple[int, Any] | None:
         got = _complete(router, "base-lost")

@@ -22,15 +22,13 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, wait_for
-from llmgw.transport import keys
+from fakes.live import Cluster, Proc, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
@@ -55,37 +53,23 @@ autoscale:
 
 
 class Rig:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.metrics_port = free_port()
-        self.c = Cluster(root, extra_server=f'drain_grace = "1s"\n'
-                                            f'metrics_bind = "127.0.0.1:{self.metrics_port}"\n')
+    def __init__(self, c: Cluster, metrics_port: int) -> None:
+        self.c = c
+        self.root = c.root
+        self.metrics_port = metrics_port
         self.routers: dict[str, tuple[Proc, int]] = {}
 
     def start(self) -> None:
-        self.c.start_server()
-        self.c.start_agent("n1", discovery={"simulated_gpus": 4})
-        self.c.wait_states({"n1": "ready"})
+        self.c.up({"n1": {"discovery": {"simulated_gpus": 4}}})
 
     def start_router(self, name: str) -> int:
-        keys.issue_key(str(self.c.keys_dir), "router", name)
-        port = free_port()
-        cfg = self.root / f"{name}.toml"
-        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{self.c.address}"\n'
-                       'load_report_interval = "500ms"\ncold_start_budget = "60s"\n'
-                       f'[keys]\nsecret_key = "{self.c.keys_dir / f"{name}.key_secret"}"\n'
-                       f'server_key = "{self.c.server_key}"\n')
-        p = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / f"{name}.log")
-        self.c.procs.append(p)
-        self.routers[name] = (p, port)
-        return port
+        self.routers[name] = self.c.start_router(
+            name, extra='load_report_interval = "500ms"\ncold_start_budget = "60s"\n')
+        return self.routers[name][1]
 
     def apply(self, *, zero: bool) -> None:
-        f = self.root / "d.yaml"
-        f.write_text(DEPLOYMENT.format(min=0 if zero else 1,
-                                       idle="  idle_to_zero: 3s\n" if zero else ""))
-        r = self.c.ctl("apply", "-f", str(f))
-        assert r.returncode == 0, r.stderr
+        self.c.apply("d", DEPLOYMENT.format(min=0 if zero else 1,
+                                            idle="  idle_to_zero: 3s\n" if zero else ""))
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
@@ -110,9 +94,7 @@ class Rig:
             r'^llmgw_server_replicas\{deployment="d",state="[a-z_]+"\} (\S+)$', text, re.M)))
 
     def events(self) -> str:
-        r = self.c.ctl("describe", "deployment", "d")
-        assert r.returncode == 0, r.stderr
-        return r.stdout
+        return self.c.ok("describe", "deployment", "d")
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/status.json",
@@ -124,13 +106,12 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        r.start()
-        yield r
-    finally:
-        r.c.close()
+def rig(make_cluster: Callable[..., Cluster]) -> Rig:
+    port = free_port()
+    r = Rig(make_cluster(extra_server=f'drain_grace = "1s"\nmetrics_bind = "127.0.0.1:{port}"\n'),
+            port)
+    r.start()
+    return r
 
 
 def stream(port: int, tokens: int) -> dict[str, Any]:

@@ -11,16 +11,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
-from llmgw.transport import keys
+from fakes.live import Cluster, Proc, engine_pids, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
@@ -40,36 +37,21 @@ env:
 
 
 class Rig:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        # Routers poll every 1 s (the default); the agents read engines every 500 ms.
-        self.c = Cluster(root, extra_server='drain_grace = "2s"\n')
-        self.router_port = free_port()
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.root = c.root
+        self.router_port = 0
         self.router: Proc | None = None
 
     def start(self, nodes: tuple[str, ...]) -> None:
-        self.c.start_server()
-        for n in nodes:
-            self.c.start_agent(n, discovery={"simulated_gpus": 1})
-        self.c.wait_states(dict.fromkeys(nodes, "ready"))
-        keys.issue_key(str(self.c.keys_dir), "router", "r1")
-        cfg = self.root / "router.toml"
-        cfg.write_text(f'bind = "127.0.0.1:{self.router_port}"\nserver = "{self.c.address}"\n'
-                       f'[keys]\nsecret_key = "{self.c.keys_dir / "r1.key_secret"}"\n'
-                       f'server_key = "{self.c.server_key}"\n')
-        self.router = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / "router.log")
-        self.c.procs.append(self.router)
+        self.c.up(dict.fromkeys(nodes, {"discovery": {"simulated_gpus": 1}}))
+        self.router, self.router_port = self.c.start_router()
 
     def apply(self, drain: str, ttft: str = "0.01") -> None:
-        f = self.root / "d.yaml"
-        f.write_text(DEPLOYMENT.format(drain=drain, ttft=ttft))
-        r = self.c.ctl("apply", "-f", str(f))
-        assert r.returncode == 0, r.stderr
+        self.c.apply("d", DEPLOYMENT.format(drain=drain, ttft=ttft))
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        r = self.c.ctl("get", "replicas", "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return {x["id"]: x for x in json.loads(r.stdout)}
+        return self.c.replicas()
 
     def serving(self) -> dict[str, Any]:
         """The one ready replica once the router serves it."""
@@ -89,17 +71,13 @@ class Rig:
         return ready[0]  # type: ignore[no-any-return]
 
     def ctl(self, *args: str) -> None:
-        r = self.c.ctl(*args)
-        assert r.returncode == 0, r.stderr
+        self.c.ok(*args)
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.c.close()
+def rig(make_cluster: Callable[..., Cluster]) -> Rig:
+    # Routers poll every 1 s (the default); the agents read engines every 500 ms.
+    return Rig(make_cluster(extra_server='drain_grace = "2s"\n'))
 
 
 def stream(port: int, tokens: int, on_first: Callable[[], None] = lambda: None) -> dict[str, Any]:

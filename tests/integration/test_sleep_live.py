@@ -52,10 +52,7 @@ def _is_sleeping(endpoint: str) -> bool:
 
 def test_idle_sleeps_and_a_request_wakes_the_same_process(rig: Rig) -> None:  # noqa: F811
     port = rig.start_router("r1")
-    f = rig.root / "d.yaml"
-    f.write_text(DEPLOYMENT)
-    r = rig.c.ctl("apply", "-f", str(f))
-    assert r.returncode == 0, r.stderr
+    f = rig.c.apply("d", DEPLOYMENT)
     serving(rig, port)
     pid = _record(rig.root)["pid"]
     (row,) = rig.status()["replicas"]

@@ -7,36 +7,19 @@ revoked there is refused)."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fakes.engines import free_port
 from fakes.ha import HACluster
-from fakes.live import LLMGW, Proc, wait_for
-from llmgw.transport import keys
+from fakes.live import simulated, wait_for
+from fakes.web import post
 
 pytestmark = [pytest.mark.slow, pytest.mark.failover]
-
-
-def post(port: int, secret: str) -> tuple[int, dict[str, Any]]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
-    try:
-        conn.request("POST", "/v1/completions", json.dumps(
-            {"model": "org/a", "prompt": "one two three", "max_tokens": 4}),
-            {"content-type": "application/json", "authorization": f"Bearer {secret}"})
-        r = conn.getresponse()
-        raw = r.read()
-        return r.status, json.loads(raw) if raw.startswith(b"{") else {}
-    except OSError:
-        return 0, {}
-    finally:
-        conn.close()
+BODY = {"model": "org/a", "prompt": "one two three", "max_tokens": 4}
 
 
 @pytest.fixture
@@ -48,34 +31,20 @@ def ha(tmp_path: Path, pg_url: str) -> Iterator[HACluster]:
         c.close()
 
 
-def test_usage_counted_once_across_a_failover(ha: HACluster, tmp_path: Path) -> None:
+def test_usage_counted_once_across_a_failover(ha: HACluster) -> None:
     ha.start_server(0)
     first = ha.wait_leader()
     ha.start_server(1)
     ha.start_agent("n1", discovery={"simulated_gpus": 1})
     ha.wait_states({"n1": "ready"}, timeout=30)
-    f = tmp_path / "a.yaml"
-    f.write_text("name: a\nmodel: org/a\nengine: simulated\ngpus_per_node: 1\nreplicas: 1\n")
-    assert ha.ctl("apply", "-f", str(f)).returncode == 0
-
-    def create(name: str) -> str:
-        r = ha.ctl("apikey", "create", name, "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return str(json.loads(r.stdout)["secret"])
-    secret, spare = create("k"), create("spare")
-    port = free_port()
-    keys.issue_key(str(ha.keys_dir), "router", "r1")
-    cfg = tmp_path / "router.toml"
-    servers = ", ".join(f'"{a}"' for a in ha.addresses)
-    cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = [{servers}]\n'
-                   'usage_report_interval = "500ms"\n'
-                   f'[keys]\nsecret_key = "{ha.keys_dir / "r1.key_secret"}"\n'
-                   f'server_key = "{ha.server_key}"\n')
-    ha.procs.append(Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / "router.log"))
+    ha.apply("a", simulated("a"))
+    secret, spare = ha.apikey("k"), ha.apikey("spare")
+    _, port = ha.start_router(extra='usage_report_interval = "500ms"\n')  # knows both servers
     want = {"requests": 0, "tokens": 0}
 
     def ask(key: str = secret) -> int:
-        code, body = post(port, key)
+        r = post(port, BODY, key)
+        code, body = r.status, r.json()
         if code == 200 and key == secret:
             want["requests"] += 1
             want["tokens"] += body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
