@@ -6,6 +6,9 @@ no fabric floor; a failure places the replica on another node and avoids this on
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -15,8 +18,9 @@ from test_reconcile import dep
 from test_reconcile_preflight import SLOW, preflight_tail
 
 from fakes.cluster import cluster, node
+from llmgw.agent import preflight_probe
 from llmgw.agent.engines import build_plan
-from llmgw.agent.engines.preflight import PROBE_ENV, RESULT_FILE, settings_of
+from llmgw.agent.engines.preflight import PROBE_ENV, RESULT_FILE, parse_output, settings_of
 from llmgw.agent.preflight_report import result_path
 from llmgw.agent.spawn import default_plan
 from llmgw.config.agent import FabricConfig
@@ -160,3 +164,30 @@ def test_describe_node_keeps_the_last_passed_single_node_figure() -> None:
     assert local_preflight([placed("x-1", 20.0, "failed: boom", 0.0)]) == {}
     text = _describe_node({"id": "n1", "state": "ready", "heartbeat_age": 0, "gpus": [], "preflight_gpus": got})
     assert "pre-flight on its GPUs: 350 GB/s bus bandwidth (x-0, one node)" in text
+
+
+FAKE_TORCH = """class cuda:
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def device_count():
+        return 1
+"""
+
+
+def test_the_probe_fails_when_torch_sees_other_gpus_than_the_replicas(tmp_path: Path) -> None:
+    # A stand-in torch that sees one GPU where the replica has two (CUDA_VISIBLE_DEVICES
+    # not the replica's): the probe says so before any rank starts.
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    cfg = {"nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 1,
+           "gpu_sizes": [1], "gpu_iters": 1, "cpu_sizes": [1], "cpu_iters": 1, "timeout": 5,
+           "local_ranks": 2}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path),
+           PROBE_ENV: json.dumps(cfg), "CUDA_VISIBLE_DEVICES": "3"}
+    p = subprocess.run([sys.executable, preflight_probe.__file__], env=env, capture_output=True,
+                       text=True, timeout=30)
+    r = parse_output(p.stdout)
+    assert p.returncode == 1 and not r.ok and r.backend == "nccl", (p.stdout, p.stderr)
+    assert r.error == "torch sees 1 GPU (CUDA_VISIBLE_DEVICES='3'), the replica has 2"

@@ -111,7 +111,7 @@ def main() -> int:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     want = int(cfg.get("local_ranks") or 0)
     if gpus and want and gpus != want:
-        _say({"ok": False, "backend": "nccl", "error": f"torch sees {gpus} GPUs "
+        _say({"ok": False, "backend": "nccl", "error": f"torch sees {gpus} GPU{'s' if gpus > 1 else ''} "
               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}), "
               f"the replica has {want}", "seconds": time.monotonic() - started})
         return 1
