@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 STATES = {"ACTIVE": "4: ACTIVE", "DOWN": "1: DOWN", "INIT": "2: INIT"}
 PHYS = {"ACTIVE": "5: LinkUp", "DOWN": "3: Disabled", "INIT": "5: LinkUp"}
@@ -106,3 +108,18 @@ def eight_gpu_layout() -> dict[str, tuple[str, ...]]:
         rp = f"0000:{int(host[-2:], 16):02x}:01.0"
         layout |= _switch(host, rp, bus, (f"gpu{2 * s}", f"gpu{2 * s + 1}", f"mlx5_{s}"))
     return layout
+
+
+def hca_nodes(root: Path, names: Sequence[str], hcas: Sequence[str], *, gpus: int = 2,
+              discovery: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, dict[str, Any]]:
+    """Agent config overrides (Cluster.start_agent's) for the nodes `names`: each with the
+    HCAs `hcas` ACTIVE in a fake sysfs under <root>/ib/<node>, all in fabric ib-a, and
+    `gpus` simulated GPUs; `discovery` adds to the discovery table, `extra` to the rest."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for name in names:
+        ib = root / "ib" / name
+        for hca in hcas:
+            add_hca(ib, hca)
+        nodes[name] = {"discovery": {"ib_root": str(ib), "simulated_gpus": gpus, **(discovery or {})},
+                       "fabrics": [{"name": "ib-a", "hcas": list(hcas)}], **extra}
+    return nodes

@@ -97,6 +97,36 @@ def _wait_line(lines: queue.Queue[str], seen: list[str], prefix: str, timeout: f
     raise AssertionError(f"no {prefix!r} line within {timeout}s; stdout so far:\n" + "\n".join(seen))
 
 
+class _Dev:
+    """`llmgw dev ARGS` in `cwd`, its stdout read line by line on a thread, its stderr in
+    dev.stderr there."""
+
+    def __init__(self, cwd: Path, *args: str) -> None:
+        self.log = cwd / "dev.stderr"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(
+                [*LLMGW, "dev", *args],
+                stdout=subprocess.PIPE, stderr=err, text=True, cwd=cwd,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.reader = threading.Thread(target=_reader, args=(self.proc.stdout, self.lines), daemon=True)
+        self.reader.start()
+
+    def wait_line(self, prefix: str, timeout: float) -> str:
+        return _wait_line(self.lines, self.seen, prefix, timeout)
+
+    def close(self) -> None:
+        """Killed if still running, its reader joined, its stdout closed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.reader.join(timeout=10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
 def _engine_port_base() -> int:
     while True:
         base = free_port()
@@ -112,23 +142,14 @@ def _engine_port_base() -> int:
 def test_dev_serves_a_chat_completion_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
     state = (tmp_path / "state").resolve()
     router_port = free_port()
-    log = tmp_path / "dev.stderr"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [*LLMGW, "dev", "--router-port", str(router_port), "--state-dir", str(state),
-             "--port-base", str(_engine_port_base())],
-            stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
-    reader.start()
-    seen: list[str] = []
+    dev = _Dev(tmp_path, "--router-port", str(router_port), "--state-dir", str(state),
+               "--port-base", str(_engine_port_base()))
+    proc, log, seen = dev.proc, dev.log, dev.seen
     try:
         try:
-            url = _wait_line(lines, seen, "router:", 120)
-            curl = _wait_line(lines, seen, "try:", 5)
-            ctl = _wait_line(lines, seen, "ctl:", 5)
+            url = dev.wait_line("router:", 120)
+            curl = dev.wait_line("try:", 5)
+            ctl = dev.wait_line("ctl:", 5)
         except AssertionError:
             raise AssertionError(log.read_text(errors="replace")) from None
         assert url == f"http://127.0.0.1:{router_port}"
@@ -154,16 +175,11 @@ def test_dev_serves_a_chat_completion_and_stops_cleanly_on_sigint(tmp_path: Path
         assert proc.wait(timeout=30) == 0, log.read_text(errors="replace")
         assert not [p for p in engines if _alive(p)], "engines left behind"
         assert dev_engines(state) == []
-        _wait_line(lines, seen, "llmgw dev: stopped", 5)
+        dev.wait_line("llmgw dev: stopped", 5)
         # --state-dir keeps the keys for the next run.
         assert (state / "keys" / "dev-admin.key_secret").exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        reader.join(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        dev.close()
         leftovers = _ours(tmp_path)
         _kill_by_pid(leftovers)
         assert not leftovers, f"processes left behind: {leftovers}"
@@ -211,23 +227,14 @@ def test_dev_starts_beside_the_production_metrics_ports_and_prints_the_status_pa
             s.close()  # taken already: the case under test all the same
             continue
         held.append(s)
-    log = tmp_path / "dev.stderr"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [*LLMGW, "dev", "--no-demo", "--router-port", "0", "--state-dir",
-             str(tmp_path / "state"), "--port-base", str(_engine_port_base())],
-            stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True)
-    reader.start()
-    seen: list[str] = []
+    dev = _Dev(tmp_path, "--no-demo", "--router-port", "0", "--state-dir",
+               str(tmp_path / "state"), "--port-base", str(_engine_port_base()))
+    proc = dev.proc
     try:
         try:
-            status = _wait_line(lines, seen, "status:", 60)
+            status = dev.wait_line("status:", 60)
         except AssertionError:
-            raise AssertionError("\n".join(seen) + "\n" + log.read_text(errors="replace")) from None
+            raise AssertionError("\n".join(dev.seen) + "\n" + dev.log.read_text(errors="replace")) from None
         url = status.split()[0]
         host_port = url.removeprefix("http://").rstrip("/")
         assert url.startswith("http://127.0.0.1:") and not host_port.endswith((":9464", ":9465"))
@@ -239,10 +246,5 @@ def test_dev_starts_beside_the_production_metrics_ports_and_prints_the_status_pa
     finally:
         for s in held:
             s.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        reader.join(timeout=10)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        dev.close()
         _kill_by_pid(_ours(tmp_path))

@@ -5,34 +5,28 @@ stops the old replica once it is ready; the port ACTIVE again, the HCA counts ag
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fakes.live import Cluster, wait_for
-from fakes.sysfs import PHYS, STATES, add_hca
+from fakes.sysfs import PHYS, STATES, hca_nodes
 
 pytestmark = pytest.mark.slow
 
 
+GANG = ("name: gang\nmodel: org/gang\nengine: simulated\ngpus_per_node: 1\nnodes: 2\n"
+        "replicas: 1\ndrain_timeout: 0s\n")
+
+
 class Rig:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.c = Cluster(root, heartbeat="1s", lost_after="60s")
-        self.kw: dict[str, dict[str, Any]] = {}
-        for name in ("a1", "a2"):
-            ib = root / "ib" / name
-            add_hca(ib, "mlx5_0")
-            add_hca(ib, "mlx5_1")
-            self.kw[name] = {
-                "discovery": {"ib_root": str(ib), "simulated_gpus": 2,
-                              "hca_interval": "500ms", "hca_quiet": "1s"},
-                "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}],
-            }
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.root = c.root
+        self.kw = hca_nodes(c.root, ("a1", "a2"), ("mlx5_0", "mlx5_1"),
+                            discovery={"hca_interval": "500ms", "hca_quiet": "1s"})
 
     def set_port(self, node: str, hca: str, state: str) -> None:
         port = self.root / "ib" / node / hca / "ports" / "1"
@@ -40,34 +34,27 @@ class Rig:
         (port / "phys_state").write_text(PHYS[state] + "\n")
 
     def ctl_json(self, *args: str) -> Any:
-        r = self.c.ctl(*args, "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)
+        return self.c.ok_json(*args)
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        return {x["id"]: x for x in self.ctl_json("get", "replicas")}
+        return self.c.replicas()
+
+    def gang_ready(self) -> Path:
+        """Both nodes up and gang-0, one replica across them, ready. Returns its file."""
+        self.c.up(self.kw)
+        f = self.c.apply("gang", GANG)
+        wait_for(lambda: self.replicas().get("gang-0", {}).get("state") == "ready", 40, "gang-0 ready")
+        return f
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.c.close()
+def rig(cluster: Cluster) -> Rig:
+    return Rig(cluster)
 
 
-def test_an_hca_going_down_moves_its_replica_onto_healthy_hcas(rig: Rig, tmp_path: Path) -> None:
+def test_an_hca_going_down_moves_its_replica_onto_healthy_hcas(rig: Rig) -> None:
     c = rig.c
-    c.start_server()
-    for name in ("a1", "a2"):
-        c.start_agent(name, **rig.kw[name])
-    c.wait_states({"a1": "ready", "a2": "ready"})
-    f = tmp_path / "gang.yaml"
-    f.write_text("name: gang\nmodel: org/gang\nengine: simulated\ngpus_per_node: 1\nnodes: 2\n"
-                 "replicas: 1\ndrain_timeout: 0s\n")
-    assert c.ctl("apply", "-f", str(f)).returncode == 0
-    wait_for(lambda: rig.replicas().get("gang-0", {}).get("state") == "ready", 40, "gang-0 ready")
+    f = rig.gang_ready()
     nics = rig.ctl_json("describe", "replica", "gang-0")["nics"]
     assert all("mlx5_0" in " ".join(v) for v in nics.values()), nics
 
@@ -105,16 +92,7 @@ def test_an_hca_going_down_moves_its_replica_onto_healthy_hcas(rig: Rig, tmp_pat
 
 
 def test_an_hca_gone_from_sysfs_moves_its_replica_and_counts_again_when_back(rig: Rig, tmp_path: Path) -> None:
-    c = rig.c
-    c.start_server()
-    for name in ("a1", "a2"):
-        c.start_agent(name, **rig.kw[name])
-    c.wait_states({"a1": "ready", "a2": "ready"})
-    f = tmp_path / "gang.yaml"
-    f.write_text("name: gang\nmodel: org/gang\nengine: simulated\ngpus_per_node: 1\nnodes: 2\n"
-                 "replicas: 1\ndrain_timeout: 0s\n")
-    assert c.ctl("apply", "-f", str(f)).returncode == 0
-    wait_for(lambda: rig.replicas().get("gang-0", {}).get("state") == "ready", 40, "gang-0 ready")
+    rig.gang_ready()
     # A firmware reset takes the device away: its sysfs folder is gone for a while.
     hca = tmp_path / "ib" / "a1" / "mlx5_0"
     hca.rename(tmp_path / "mlx5_0-away")

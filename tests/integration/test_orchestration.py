@@ -8,7 +8,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -35,9 +35,9 @@ def _answers(url: str) -> bool:
 
 
 class Rig:
-    def __init__(self, root: Path) -> None:
-        self.c = Cluster(root, heartbeat="1s", lost_after="4s",
-                         extra_server='restart_grace = "4s"\n')
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        root = c.root
         smi = pcie_box(root / "smi")
         self.agent_kw: dict[str, dict[str, Any]] = {}
         for name, fabric in (("a1", "ib-a"), ("a2", "ib-a"), ("a3", None)):
@@ -54,27 +54,18 @@ class Rig:
         self.agents[name] = self.c.start_agent(name, **self.agent_kw[name])
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        r = self.c.ctl("get", "replicas", "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return {x["id"]: x for x in json.loads(r.stdout)}
+        return self.c.replicas()
 
     def ready(self) -> dict[str, dict[str, Any]]:
         return {k: v for k, v in self.replicas().items() if v["state"] == "ready"}
 
-    def apply(self, root: Path, name: str, body: str) -> None:
-        f = root / f"{name}.yaml"
-        f.write_text(f"name: {name}\n{body}")
-        r = self.c.ctl("apply", "-f", str(f))
-        assert r.returncode == 0, r.stderr
+    def apply(self, name: str, body: str) -> None:
+        self.c.apply(name, f"name: {name}\n{body}")
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.c.close()
+def rig(make_cluster: Callable[..., Cluster]) -> Rig:
+    return Rig(make_cluster(heartbeat="1s", lost_after="4s", extra_server='restart_grace = "4s"\n'))
 
 
 def test_place_lose_return_restart_drain(rig: Rig, tmp_path: Path) -> None:
@@ -84,9 +75,9 @@ def test_place_lose_return_restart_drain(rig: Rig, tmp_path: Path) -> None:
         rig.start_agent(name)
     c.wait_states({"a1": "ready", "a2": "ready", "a3": "ready"})
 
-    rig.apply(tmp_path, "single", "model: org/single\nengine: simulated\ngpus_per_node: 1\n"
+    rig.apply("single", "model: org/single\nengine: simulated\ngpus_per_node: 1\n"
               "replicas: 2\nstrategy: spread\n")
-    rig.apply(tmp_path, "gang", "model: org/gang\nengine: simulated\ngpus_per_node: 1\n"
+    rig.apply("gang", "model: org/gang\nengine: simulated\ngpus_per_node: 1\n"
               "nodes: 2\nreplicas: 1\n")
     wait_for(lambda: len(rig.ready()) == 3, 40, "three replicas ready")
     reps = rig.replicas()

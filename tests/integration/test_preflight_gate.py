@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fakes.live import Cluster, wait_for
-from fakes.sysfs import add_hca
+from fakes.sysfs import hca_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
@@ -32,20 +31,13 @@ print("LLMGW_PREFLIGHT " + json.dumps({"ok": True, "backend": "nccl", "world": 2
 
 
 class Rig:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.c = Cluster(root, heartbeat="1s", lost_after="60s")
-        probe = root / "probe.py"
+    def __init__(self, c: Cluster) -> None:
+        self.root = c.root
+        self.c = c
+        probe = c.root / "probe.py"
         probe.write_text(PROBE)
-        self.kw: dict[str, dict[str, Any]] = {}
-        for name in ("a1", "a2", "a3", "a4"):
-            ib = root / "ib" / name
-            add_hca(ib, "mlx5_0")
-            self.kw[name] = {
-                "discovery": {"ib_root": str(ib), "simulated_gpus": 2},
-                "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0"]}],
-                "engines": {"preflight_python": sys.executable, "preflight_probe": str(probe)},
-            }
+        self.kw = hca_nodes(c.root, ("a1", "a2", "a3", "a4"), ("mlx5_0",), engines={
+            "preflight_python": sys.executable, "preflight_probe": str(probe)})
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -58,12 +50,8 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.c.close()
+def rig(cluster: Cluster) -> Rig:
+    return Rig(cluster)
 
 
 
