@@ -1,6 +1,7 @@
 """Fixtures every tier shares: a real PostgreSQL (fakes/postgres.py), skipped with how to
 get it when it is not installed (a failure instead under LLMGW_REQUIRE_POSTGRES=1); a
-live Cluster (fakes/live.py) whose processes are stopped when the test ends."""
+live Cluster (fakes/live.py) and a headless browser (fakes/browser.py), stopped when the
+test ends."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fakes.browser import Browser
 from fakes.live import Cluster
 from fakes.postgres import HOW_TO_GET, PgServer, pg_bin
 
@@ -67,3 +69,14 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     """Keys and a server config in tmp_path; every process it starts is stopped after."""
     return make_cluster()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """Headless Chromium; a test that takes it skips itself where it is not installed
+    (fakes.browser.available)."""
+    b = Browser(tmp_path / "chromedriver.log")
+    try:
+        yield b
+    finally:
+        b.close()

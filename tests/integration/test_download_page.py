@@ -5,7 +5,6 @@ HF cache layout under the agent's download_dir (the simulated engine fetches not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not available(), reason=MISSI
 TOKEN = "page-token-0123456789abcdef"
 DOWNLOAD = ("const e = document.querySelector('tr[data-replica=\"tiny-0\"] [data-field=download]');"
             "return e ? e.textContent : '';")
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(tmp_path / "chromedriver.log")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_the_page_shows_the_bytes_on_disk(tmp_path: Path, browser: Browser) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,15 +31,6 @@ for (const tr of document.querySelectorAll(arguments[0])) {
 }
 return out;
 """
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    b = Browser(tmp_path / "chromedriver.log")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_the_page_follows_the_cluster(tmp_path: Path, browser: Browser) -> None:

@@ -15,59 +15,38 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fakes.live import Cluster, wait_for
-from fakes.sysfs import add_hca
+from fakes.sysfs import hca_nodes
 
 pytestmark = pytest.mark.real_engine
 
 
 class Rig:
-    def __init__(self, root: Path, venv: Path) -> None:
-        self.root = root
-        self.c = Cluster(root, heartbeat="1s", lost_after="60s")
-        self.kw: dict[str, dict[str, Any]] = {}
-        for name in ("a1", "a2"):
-            ib = root / "ib" / name
-            add_hca(ib, "mlx5_0")
-            self.kw[name] = {
-                "discovery": {"ib_root": str(ib), "simulated_gpus": 2},
-                "fabrics": [{"name": "ib-a", "hcas": ["mlx5_0"]}],
-                "engines": {"preflight_python": str(venv / "bin" / "python")},
-            }
+    def __init__(self, c: Cluster, venv: Path) -> None:
+        self.c = c
+        self.kw = hca_nodes(c.root, ("a1", "a2"), ("mlx5_0",),
+                            engines={"preflight_python": str(venv / "bin" / "python")})
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        r = self.c.ctl("get", "replicas", "-o", "json")
-        assert r.returncode == 0, r.stderr
-        return {x["id"]: x for x in json.loads(r.stdout)}
+        return self.c.replicas()
 
     def apply(self, name: str, body: str) -> None:
-        f = self.root / f"{name}.yaml"
-        f.write_text(f"name: {name}\n{body}")
-        r = self.c.ctl("apply", "-f", str(f))
-        assert r.returncode == 0, r.stderr
+        self.c.apply(name, f"name: {name}\n{body}")
 
 
 @pytest.fixture
-def rig(tmp_path: Path, vllm_venv: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path, vllm_venv)
-    try:
-        yield r
-    finally:
-        r.c.close()
+def rig(cluster: Cluster, vllm_venv: Path) -> Rig:
+    return Rig(cluster, vllm_venv)
 
 
 def test_two_nodes_pass_the_gloo_preflight_before_their_engines_start(rig: Rig, tmp_path: Path) -> None:
     c = rig.c
-    c.start_server()
-    for name in ("a1", "a2"):
-        c.start_agent(name, **rig.kw[name])
-    c.wait_states({"a1": "ready", "a2": "ready"})
+    c.up(rig.kw)
     t0 = time.monotonic()
     rig.apply("gang", "model: org/gang\nengine: simulated\ngpus_per_node: 1\nnodes: 2\n"
               "replicas: 1\npreflight: required\n")
