@@ -214,17 +214,22 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_router(self, name: str = "r1", *, port: int | None = None,
-                     extra: str = "") -> tuple[Proc, int]:
-        """A router with its own key, on `port` (a free one unless given); `extra` is
+    def router_config(self, name: str, port: int, extra: str = "") -> Path:
+        """<root>/<name>.toml for a router with its own key, on `port`; `extra` is
         appended to its TOML before the [keys] table."""
-        port = port or free_port()
         if not (self.keys_dir / f"{name}.key_secret").exists():
             keys.issue_key(str(self.keys_dir), "router", name)
         cfg = self.root / f"{name}.toml"
         cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = {self.router_servers()}\n{extra}'
                        f'[keys]\nsecret_key = "{self.keys_dir / f"{name}.key_secret"}"\n'
                        f'server_key = "{self.server_key}"\n')
+        return cfg
+
+    def start_router(self, name: str = "r1", *, port: int | None = None,
+                     extra: str = "") -> tuple[Proc, int]:
+        """A router (router_config's), on `port` (a free one unless given)."""
+        port = port or free_port()
+        cfg = self.router_config(name, port, extra)
         p = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / f"{name}.log")
         self.procs.append(p)
         return p, port

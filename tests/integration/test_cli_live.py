@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ from fakes.nvidia_smi import pcie_box
 from llmgw.transport import keys
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _ctl(c: Cluster, key: str, server_key: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -154,16 +144,12 @@ def test_describe_get_name_and_logs(cluster: Cluster, tmp_path: Path) -> None:
     assert lines[1:] == ["line 8", "line 9", "after 1", "after 2"], out
 
 
-def test_router_whose_port_is_taken(cluster: Cluster, tmp_path: Path) -> None:
-    keys.issue_key(str(cluster.keys_dir), "router", "r1")
+def test_router_whose_port_is_taken(cluster: Cluster) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cfg = tmp_path / "router.toml"
-        cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{cluster.address}"\n[keys]\n'
-                       f'secret_key = "{cluster.keys_dir / "r1.key_secret"}"\n'
-                       f'server_key = "{cluster.server_key}"\n')
+        cfg = cluster.router_config("r1", port)
         r = run_cli("router", "--config", str(cfg), timeout=20)
     assert r.returncode == 2, r.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in _one_line(r)

@@ -13,38 +13,29 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
+from fakes.live import Cluster, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
-from llmgw.transport import keys
+from fakes.vllm_rig import READY_TIMEOUT, node_copy, tiny_yaml, vllm_agent
 
 pytestmark = pytest.mark.real_engine
 
-READY_TIMEOUT = 420  # model load on 2 busy cores: 25-130 s seen (--enforce-eager)
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
-
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     port = free_port()
-    c = Cluster(tmp_path, heartbeat="1s", lost_after="60s",
-                extra_server=f'metrics_bind = "127.0.0.1:{port}"\n')
+    c = make_cluster(extra_server=f'metrics_bind = "127.0.0.1:{port}"\n')
     c.metrics_port = port  # type: ignore[attr-defined]
-    try:
-        yield c
-    finally:
-        c.close()
+    return c
 
 
 def _ready(cluster: Cluster) -> int:
@@ -77,36 +68,17 @@ def _stream(port: int) -> dict[str, float | bool | bytes]:
 
 def test_vllm_scales_from_zero_for_a_held_request(
         cluster: Cluster, vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    shutil.copytree(tiny_model, models / "org" / "tiny")
-    cluster.start_server()
-    cluster.start_agent(
-        "cpu-1",
-        discovery={"nvidia_smi": str(pcie_box(tmp_path / "smi"))},
-        engines={"vllm": {"bin": str(vllm_venv / "bin" / "vllm"), "launch_mode": "mp"}},
-        model_dirs=[str(models)])
-    cluster.wait_states({"cpu-1": "ready"})
-    keys.issue_key(str(cluster.keys_dir), "router", "r1")
-    port = free_port()
-    cfg = tmp_path / "router.toml"
-    cfg.write_text(f'bind = "127.0.0.1:{port}"\nserver = "{cluster.address}"\n'
-                   'load_report_interval = "500ms"\nfirst_byte_timeout = "120s"\n'
-                   f'cold_start_budget = "{READY_TIMEOUT}s"\n[keys]\n'
-                   f'secret_key = "{cluster.keys_dir / "r1.key_secret"}"\n'
-                   f'server_key = "{cluster.server_key}"\n')
-    router = Proc([*LLMGW, "router", "--config", str(cfg)], tmp_path / "router.log")
-    cluster.procs.append(router)
-    wait_for(lambda: "router listening" in router.text(), 20, "router start")
+    models = node_copy(tiny_model, tmp_path)
+    cluster.up({"cpu-1": vllm_agent(vllm_venv, pcie_box(tmp_path / "smi"), models)})
+    router, port = cluster.start_router(
+        extra='load_report_interval = "500ms"\nfirst_byte_timeout = "120s"\n'
+              f'cold_start_budget = "{READY_TIMEOUT}s"\n')
+    router.wait_line("router listening", 20, "router start")
 
-    dep = tmp_path / "tiny.yaml"
-    dep.write_text(
-        "name: tiny\nmodel: org/tiny\nengine: vllm\ngpus_per_node: 1\nreplicas: 0\n"
-        f"startup_timeout: {READY_TIMEOUT}s\nargs: {json.dumps(ENGINE_ARGS)}\n"
-        f"env: {json.dumps(ENGINE_ENV)}\ndrain_timeout: 10s\n"
+    cluster.apply("tiny", tiny_yaml(replicas=0, extra=(
+        "drain_timeout: 10s\n"
         "autoscale: {min: 0, max: 1, in_flight_per_replica: 4, scale_up_after: 1s,\n"
-        "            scale_down_after: 2s, idle_to_zero: 5s}\n")
-    r = cluster.ctl("apply", "-f", str(dep))
-    assert r.returncode == 0, r.stderr
+        "            scale_down_after: 2s, idle_to_zero: 5s}\n")))
     time.sleep(2.5)  # the router's table lists it cold
     assert not engine_pids(tmp_path)
 

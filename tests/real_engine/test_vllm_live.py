@@ -22,19 +22,15 @@ from typing import Any
 import openai
 import pytest
 
-from fakes.engines import free_port
-from fakes.live import LLMGW, Cluster, Proc, engine_pids, wait_for
+from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
+from fakes.vllm_rig import READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
 from llmgw.agent import procs
 from llmgw.router.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
-from llmgw.transport import keys
 
 pytestmark = pytest.mark.real_engine
 
 MODEL = "tiny"
-# Model load, on 2 busy cores: 25-130 s seen (--enforce-eager); room for a slow machine.
-READY_TIMEOUT = 420
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 ENGINE_ARGS = ["--max-model-len", "1024", "--enforce-eager"]
 MAX_TOKENS = 1000  # the model's whole context: on a quiet machine 500 ended before the disconnect could (CI)
 
@@ -45,10 +41,7 @@ class Rig:
         self.venv = venv
         self.model = model
         self.c = Cluster(root, heartbeat="1s", lost_after="60s")
-        self.agent_kw: dict[str, Any] = {
-            "discovery": {"nvidia_smi": str(pcie_box(root / "smi"))},
-            "engines": {"vllm": {"bin": str(venv / "bin" / "vllm"), "launch_mode": "mp"}},
-        }
+        self.agent_kw = vllm_agent(venv, pcie_box(root / "smi"))
         self.agent: Proc | None = None
         self.router: Proc | None = None
         self.router_url = ""
@@ -60,33 +53,17 @@ class Rig:
         return self.agent
 
     def start_router(self) -> None:
-        keys.issue_key(str(self.c.keys_dir), "router", "edge")
-        port = free_port()
-        cfg = self.root / "router.toml"
-        cfg.write_text(
-            f'bind = "127.0.0.1:{port}"\nserver = "{self.c.address}"\n'
-            'metrics_interval = "250ms"\nmetrics_stale_after = "5s"\n'
-            f'[keys]\nsecret_key = "{self.c.keys_dir / "edge.key_secret"}"\n'
-            f'server_key = "{self.c.server_key}"\n')
-        self.router = Proc([*LLMGW, "router", "--config", str(cfg)], self.root / "router.log")
-        self.c.procs.append(self.router)
+        self.router, port = self.c.start_router(
+            "edge", extra='metrics_interval = "250ms"\nmetrics_stale_after = "5s"\n')
         self.router_url = f"http://127.0.0.1:{port}"
 
     def deploy(self) -> None:
-        f = self.root / "tiny.yaml"
-        f.write_text(
-            f"name: tiny\nmodel: {self.model}\nserved_name: {MODEL}\nengine: vllm\n"
-            f"gpus_per_node: 1\nreplicas: 1\nstartup_timeout: {READY_TIMEOUT}s\n"
-            f"args: {json.dumps(ENGINE_ARGS)}\nenv: {json.dumps(ENGINE_ENV)}\n")
-        r = self.c.ctl("apply", "-f", str(f))
-        assert r.returncode == 0, r.stderr
+        self.c.apply("tiny", tiny_yaml(model=str(self.model), args=ENGINE_ARGS,
+                                       extra=f"served_name: {MODEL}\n"))
 
     # -- what is running -------------------------------------------------------
     def replica(self) -> dict[str, Any]:
-        r = self.c.ctl("get", "replicas", "-o", "json")
-        assert r.returncode == 0, r.stderr
-        rows = json.loads(r.stdout)
-        return rows[0] if rows else {}
+        return next(iter(self.c.replicas().values()), {})
 
     def wait_ready(self, timeout: float = READY_TIMEOUT, *, newer_than: int = 0) -> dict[str, Any]:
         def ready() -> dict[str, Any] | None:
@@ -99,13 +76,13 @@ class Rig:
                         interval=1.0)
 
     def engine_log(self) -> Path:
-        return self.root / "agents" / "cpu-1" / "work" / "engines" / "tiny-0" / "engine.log"
+        return engine_log(self.root)
 
     def leader(self) -> int:
         """The engine's main process (its session leader): `vllm serve`'s API server."""
-        leaders = [p for p in engine_pids(self.root) if procs.session_of(p) == p]
-        assert len(leaders) == 1, leaders
-        return leaders[0]
+        found = leaders(self.root)
+        assert len(found) == 1, found
+        return found[0]
 
     def endpoint(self) -> str:
         return str(self.replica()["endpoint"])
@@ -205,7 +182,8 @@ def test_load_watch_reads_the_engines_metrics(rig: Rig) -> None:
     # vllm:num_requests_waiting_by_reason sums to the waiting figure: it must not count twice.
     assert load.waiting == series(text, "vllm:num_requests_waiting")
     assert 0.0 <= load.kv_usage <= 1.0
-    router_log = (rig.root / "router.log").read_text(errors="replace")
+    assert rig.router is not None
+    router_log = rig.router.text()
     assert "no engine load figures" not in router_log
     assert "cannot read /metrics" not in router_log
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fakes.live import Cluster, engine_pids, wait_for
+from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import pcie_box
-from llmgw.agent import procs
+from fakes.vllm_rig import READY_TIMEOUT, engine_log, leaders, node_copy, tiny_yaml, vllm_agent
 from llmgw.agent.engines import build_plan, weights_for
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, ModelDirConfig, VllmConfig
 from llmgw.model.engine import EngineKind, EngineSpec
@@ -30,47 +28,19 @@ from llmgw.model.inventory import ModelCopy, StorageReport
 pytestmark = pytest.mark.real_engine
 
 HERE = Path(__file__).resolve().parent
-READY_TIMEOUT = 420  # model load on 2 busy cores: 25-130 s seen (--enforce-eager)
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, heartbeat="1s", lost_after="60s")
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _replica(c: Cluster) -> dict[str, object]:
-    r = c.ctl("get", "replicas", "-o", "json")
-    assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)
-    return rows[0] if rows else {}
+    return next(iter(c.replicas().values()), {})
 
 
 def test_deployment_by_id_runs_on_the_nodes_copy_offline(
         cluster: Cluster, vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
-    models = tmp_path / "models"
+    models = node_copy(tiny_model, tmp_path)
     copy = models / "org" / "tiny"
-    shutil.copytree(tiny_model, copy)
-    cluster.start_server()
-    cluster.start_agent(
-        "cpu-1",
-        discovery={"nvidia_smi": str(pcie_box(tmp_path / "smi"))},
-        engines={"vllm": {"bin": str(vllm_venv / "bin" / "vllm"), "launch_mode": "mp"}},
-        model_dirs=[str(models)])
-    cluster.wait_states({"cpu-1": "ready"})
-    dep = tmp_path / "tiny.yaml"
-    dep.write_text(
-        "name: tiny\nmodel: org/tiny\nengine: vllm\ngpus_per_node: 1\nreplicas: 1\n"
-        f"startup_timeout: {READY_TIMEOUT}s\nargs: {json.dumps(ENGINE_ARGS)}\n"
-        f"env: {json.dumps(ENGINE_ENV)}\n")
-    r = cluster.ctl("apply", "-f", str(dep))
-    assert r.returncode == 0, r.stderr
-    log = tmp_path / "agents" / "cpu-1" / "work" / "engines" / "tiny-0" / "engine.log"
+    cluster.up({"cpu-1": vllm_agent(vllm_venv, pcie_box(tmp_path / "smi"), models)})
+    cluster.apply("tiny", tiny_yaml())
+    log = engine_log(tmp_path)
     t0 = time.monotonic()
 
     def ready() -> dict[str, object] | None:
@@ -82,7 +52,7 @@ def test_deployment_by_id_runs_on_the_nodes_copy_offline(
     text = log.read_text(errors="replace")
     assert f"llmgw agent: weights org/tiny: local plain tree {copy}" in text
     # vLLM was given the copy's path, not the id.
-    (leader,) = [p for p in engine_pids(tmp_path) if procs.session_of(p) == p]
+    (leader,) = leaders(tmp_path)
     argv = Path(f"/proc/{leader}/cmdline").read_bytes().split(b"\0")
     assert str(copy).encode() in argv and b"org/tiny" in argv  # the path; the served name
     assert argv[argv.index(b"--served-model-name") + 1] == b"org/tiny"
