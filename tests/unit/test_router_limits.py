@@ -24,9 +24,10 @@ def key(**kw: Any) -> ApiKeyRecord:
 
 
 class Server:
-    def __init__(self, k: ApiKeyRecord) -> None:
+    def __init__(self, k: ApiKeyRecord, hold: float = 0.0) -> None:
         self.keys = {k.name: k}
-        self.books = LimitBooks(lambda: self.keys)
+        # No hold by default: these tests are of one term (test_limits_failover: of several).
+        self.books = LimitBooks(lambda: self.keys, hold=hold)
         self.up = True
         self.asks = 0
 

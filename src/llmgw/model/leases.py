@@ -13,6 +13,9 @@ class Grant:
     units: int
     granted_at: float
     ends: float  # granted_at + ttl: the router may use it until then
+    # The leader's term that granted it ("" from a server before terms): grant ids are
+    # unique within one term only, so a grant is named by (term, id) across a failover.
+    term: str = ""
 
     def occupies_until(self, window: float) -> float:
         return self.ends + window

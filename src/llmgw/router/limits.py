@@ -19,6 +19,18 @@ With the server unreachable the router spends the leases it holds, then follows 
 `on_server_loss` (logged once): by default rates admit and budgets refuse (503);
 "allow" admits, "deny" refuses, whatever the limit. Concurrency is counted per router (not across
 routers: a key's `concurrency` holds on each router).
+
+Across a change of leader (server/tenants/leases.py has the argument): every ask names the
+leader's term the router last heard of. A leader of another term answers `declare`; the
+router then sends it every grant of other terms it holds or used that still occupies
+(its wallets remember them), and asks again. A new term grants nothing for a few seconds
+(`hold`) while routers declare: a request that needs a lease then waits for the hold's
+end (once: a request late by up to HOLD_WAIT after a leader's start, not refused; if the
+term still holds, 503 `limits_unavailable` with Retry-After, whatever on_server_loss
+says: the server is there, and admitting would be admitting beyond the limit). So that
+a router with no request to ask for declares too, `keep_terms` probes the leader every
+PROBE_EVERY seconds while the router holds or remembers a grant (an ask for nothing,
+which also gives back what ran out); it costs nothing otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from llmgw.model.apikey import ApiKeyRecord
 from llmgw.model.leases import Grant
 from llmgw.router.errors import ApiError
 from llmgw.router.wallet import Wallet
-from llmgw.transport.apikey_ops import LeaseOp, LeaseResult, LimitKind, Unused
+from llmgw.transport.apikey_ops import MAX_HELD, NO_TERM, Held, LeaseOp, LeaseResult, LimitKind, Unused
 from llmgw.transport.codec import structure_result
 
 log = logging.getLogger("llmgw.router.limits")
@@ -46,6 +58,9 @@ DEFAULT_MAX_TOKENS = 256  # a request without max_tokens is charged this many
 SLICE = 20  # a lease is a twentieth of the limit (at least what the request needs)
 REFUSAL_KEPT = 1.0  # seconds a refusal of the server is believed without asking again
 LOST_FOR = 2.0  # seconds without asks after the server did not answer
+PROBE_EVERY = 1.0  # seconds between asks for nothing while the router holds grants
+MINUTE = 60.0
+HOLD_WAIT = 3.0  # seconds a request waits at most for a new term's hold (limits.py HOLD)
 
 
 def estimate(body: Mapping[str, Any], body_bytes: int) -> int:
@@ -92,6 +107,11 @@ class Limiter:
         self.lost_until = -math.inf
         self.lost_admits = 0  # requests admitted on a rate limit the server could not lease
         self._lost_logged = False
+        self.term = NO_TERM  # the leader's term last heard of (server/tenants/limits.py)
+        self.declared = 0  # grants declared to leaders of new terms, for the log and tests
+        self._redeclare = False  # a grant of an old term came after the new one's
+        self._hold_logged = ""
+        self.hold_until = -math.inf  # a new term's hold: asks wait until then
 
     def applies(self, key: ApiKeyRecord) -> bool:
         return bool(key.rpm or key.tpm or key.concurrency or key.budget)
@@ -132,7 +152,8 @@ class Limiter:
         a rate); raises ApiError when refused."""
         w = gate.wallets.get(kind)
         if w is None:
-            w = gate.wallets[kind] = Wallet()
+            w = gate.wallets[kind] = Wallet(key.budget.period if kind is LimitKind.BUDGET
+                                            and key.budget else MINUTE)
         now = trio.current_time()
         if w.spend(units, now):
             return True
@@ -150,12 +171,8 @@ class Limiter:
                 return self._lost(key, kind, limit)
             self._give_back_expired(now)
             want = max(units, math.ceil(limit / SLICE))
-            sent = now
             try:
-                with trio.fail_after(1.0):
-                    raw = await self.ask(LeaseOp(key.name, kind, want, tuple(self.unused)))
-                self.unused = []
-                got = structure_result(raw or {}, LeaseResult)
+                got, sent = await self._lease(key.name, kind, want)
             except (LlmgwError, trio.TooSlowError, OSError) as exc:
                 if not self._lost_logged:
                     log.warning("cannot ask the server for leases (%s): rate limits admit, "
@@ -166,20 +183,108 @@ class Limiter:
             if self._lost_logged:
                 log.info("the server grants leases again")
                 self._lost_logged = False
+            if got.hold > 0 or got.declare:  # still counting after waiting for it
+                raise self._held(key, max(got.hold, 1.0))
             if got.units <= 0:
                 gate.refused_until[kind] = (sent + min(got.retry_after, REFUSAL_KEPT),
                                             sent + got.retry_after)
                 raise self._refusal(key, kind, limit, got.retry_after)
-            w.add(Grant(got.grant_id, "", got.units, sent, sent + got.ttl))
+            if got.term and self.term not in (got.term, NO_TERM):
+                self._redeclare = True  # granted by an old term after we heard of the new
+            elif got.term:
+                self.term = got.term
+            w.add(Grant(got.grant_id, "", got.units, sent, sent + got.ttl, got.term))
             if w.spend(units, trio.current_time()):
                 return True
             raise self._refusal(key, kind, limit, 1.0)  # fewer than the request needs
+
+    async def _lease(self, name: str, kind: LimitKind, want: int) -> tuple[LeaseResult, float]:
+        """Ask for `want` units: the answer and when the ask that got it was sent. A new
+        term's `declare` is answered (our grants of other terms, then ask again); its
+        `hold` is waited out (at most HOLD_WAIT, then ask again): the request is late
+        once, not refused."""
+        for _ in range(3):
+            if trio.current_time() < self.hold_until:
+                await trio.sleep_until(self.hold_until)
+            sent = trio.current_time()
+            got = await self._ask(LeaseOp(name, kind, want, tuple(self.unused), self.term))
+            if got.declare:
+                await self._declare()
+            elif got.hold > 0:
+                if self._hold_logged != got.term:
+                    log.info("a new leader's term (%s) grants leases in %.1fs, once routers "
+                             "have declared theirs: requests that need one wait for it",
+                             got.term, got.hold)
+                    self._hold_logged = got.term
+                self.hold_until = sent + min(got.hold, HOLD_WAIT)
+            else:
+                return got, sent
+        return got, sent
+
+    async def _ask(self, op: LeaseOp) -> LeaseResult:
+        assert self.ask is not None
+        with trio.fail_after(1.0):
+            raw = await self.ask(op)
+        if op.unused:
+            self.unused = []
+        got = structure_result(raw or {}, LeaseResult)
+        if got.declare:
+            self.term = got.term
+        return got
+
+    async def _declare(self) -> None:
+        """Every grant of other terms than the leader's that still occupies, to the leader
+        (in messages of at most MAX_HELD)."""
+        now = trio.current_time()
+        held = [Held(name, kind, g.term, g.id, units, left)
+                for name, gate in self.gates.items() for kind, w in gate.wallets.items()
+                for g, units, left in w.held(now, self.term)]
+        self._redeclare = False
+        for i in range(0, len(held), MAX_HELD):
+            chunk = tuple(held[i:i + MAX_HELD])
+            got = await self._ask(LeaseOp(chunk[0].key, chunk[0].kind, 0, (), self.term, chunk))
+            if got.declare:  # yet another term meanwhile: declare to it from the start
+                self._redeclare = True
+                return
+        self.declared += len(held)
+        if held:
+            log.info("declared %d grant(s) of earlier terms to the leader's term %s", len(held),
+                     self.term)
+
+    async def keep_terms(self, every: float = PROBE_EVERY) -> None:
+        """While the router holds or remembers grants, ask the leader for nothing every
+        `every` seconds: it learns of a new term (and declares) without waiting for a
+        request, and gives back what ran out. Runs until cancelled."""
+        while True:
+            await trio.sleep(every)
+            now = trio.current_time()
+            if self.ask is None or self.term == NO_TERM:
+                continue
+            first = next(((name, kind) for name, gate in self.gates.items()
+                          for kind, w in gate.wallets.items() if w.remembers(now)), None)
+            if first is None:
+                continue
+            self._give_back_expired(now)
+            try:
+                got = await self._ask(LeaseOp(first[0], first[1], 0, tuple(self.unused), self.term))
+                if got.declare or self._redeclare:
+                    await self._declare()
+            except (LlmgwError, trio.TooSlowError, OSError) as exc:
+                log.debug("lease probe: %s", exc)  # the asks of requests log the loss
 
     def _refusal(self, key: ApiKeyRecord, kind: LimitKind, limit: int, retry: float) -> ApiError:
         if kind is LimitKind.BUDGET:
             return quota(key.name, f"{limit} tokens per budget period", retry)
         what = "requests per minute" if kind is LimitKind.RPM else "tokens per minute"
         return rate_limited(key.name, what, limit, retry)
+
+    def _held(self, key: ApiKeyRecord, retry: float) -> ApiError:
+        """A new leader's term counts what routers hold before it grants (the server is
+        there: not on_server_loss's case; admitting would be admitting beyond the limit)."""
+        return ApiError(503, f"The limits of API key {key.name} are being counted again after "
+                        "a change of control-plane leader; try again shortly.",
+                        type_="server_error", code="limits_unavailable",
+                        retry_after=max(1, math.ceil(retry)))
 
     def _lost(self, key: ApiKeyRecord, kind: LimitKind, limit: int) -> bool:
         deny = key.on_server_loss == "deny" or (kind is LimitKind.BUDGET
@@ -230,7 +335,7 @@ class Limiter:
     def _give_back_expired(self, now: float) -> None:
         for name, gate in self.gates.items():
             for kind, w in gate.wallets.items():
-                for gid, left in w.expired(now):
-                    if gid and left:
-                        self.unused.append(Unused(name, kind, gid, left))
+                for g, left in w.ended(now):
+                    if g.id and left:
+                        self.unused.append(Unused(name, kind, g.id, left, g.term))
         del self.unused[4000:]  # bounded; what is not given back frees at its lease's end

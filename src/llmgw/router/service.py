@@ -500,6 +500,8 @@ async def serve_router(
             if usage_sink is not None:
                 nursery.start_soon(report_usage, router.usage, usage_sink,
                                    config.usage_report_interval)
+            if lease_ask is not None:  # a new leader learns of our grants (router/limits.py)
+                nursery.start_soon(router.limiter.keep_terms)
             nursery.start_soon(
                 watch_load,
                 lambda: list(router.table.replicas.values()),

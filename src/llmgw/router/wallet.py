@@ -1,17 +1,30 @@
 """A router's leases of one limit (issue 24), pure: admitted requests spend them locally, no
 round trip per request; what ran out is given back to the server (server/tenants/leases.py says
-why the sum over routers stays within the limit)."""
+why the sum over routers stays within the limit).
+
+A wallet also remembers, until they stop occupying the limit (their end plus a window),
+the grants it holds and the units it used of those that ended: a leader of a new term
+knows nothing of them, and the router declares those of other terms to it (`held`) before
+it is granted more (leases.py, across a change of leader). What it remembers is bounded:
+past MAX_SPENT ended grants, the two oldest of one term become one (their units summed,
+the later end): it occupies no less, and no shorter.
+"""
 
 from __future__ import annotations
 
 from llmgw.model.leases import Grant
 
+MAX_SPENT = 64  # ended grants remembered per wallet (merged beyond)
+
 
 class Wallet:
-    """A router's side of one limit: the leases it holds, spent oldest first. Pure."""
+    """A router's side of one limit: the leases it holds, spent oldest first. Pure.
+    `window`: the limit's; 0 remembers no ended grants (nothing to declare)."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: float = 0.0) -> None:
+        self.window = window
         self._leases: list[tuple[Grant, int]] = []  # (grant, units left)
+        self._spent: list[tuple[Grant, int]] = []  # (ended grant, units used of it)
 
     def add(self, g: Grant) -> None:
         self._leases.append((g, g.units))
@@ -56,6 +69,43 @@ class Wallet:
     def expired(self, now: float) -> list[tuple[int, int]]:
         """(grant id, units unused) of the leases that ended, removed from the wallet: what
         the router gives back to the server."""
-        done = [(g.id, left) for g, left in self._leases if now >= g.ends]
+        return [(g.id, left) for g, left in self.ended(now)]
+
+    def ended(self, now: float) -> list[tuple[Grant, int]]:
+        """(grant, units unused) of the leases that ended, removed from the wallet; what
+        was used of them is remembered while it occupies (`held`)."""
+        done = [(g, left) for g, left in self._leases if now >= g.ends]
+        if not done:
+            return []
         self._leases = [(g, left) for g, left in self._leases if now < g.ends]
+        if self.window > 0:
+            self._spent = [(g, n) for g, n in self._spent if g.occupies_until(self.window) > now]
+            self._spent += [(g, g.units - left) for g, left in done if g.units > left]
+            while len(self._spent) > MAX_SPENT and self._merge():
+                pass
         return done
+
+    def _merge(self) -> bool:
+        g0, n0 = self._spent[0]
+        for i in range(1, len(self._spent)):
+            g, n = self._spent[i]
+            if g.term == g0.term:
+                later = g if g.ends >= g0.ends else g0
+                self._spent[i] = (later, n + n0)
+                del self._spent[0]
+                return True
+        return False
+
+    def held(self, now: float, term: str) -> list[tuple[Grant, int, float]]:
+        """(grant, units that may occupy, seconds of use left: negative when it ended) of
+        the grants of terms other than `term` that still occupy at `now`: what the router
+        declares to a leader of the term `term`."""
+        self.ended(now)
+        out = [(g, g.units, g.ends - now) for g, _ in self._leases if g.term != term]
+        out += [(g, n, g.ends - now) for g, n in self._spent
+                if g.term != term and g.occupies_until(self.window) > now]
+        return out
+
+    def remembers(self, now: float) -> bool:
+        """Whether it holds a lease or remembers a grant that still occupies."""
+        return bool(self._leases) or any(g.occupies_until(self.window) > now for g, _ in self._spent)

@@ -181,14 +181,29 @@ class LimitKind(enum.StrEnum):
     BUDGET = "budget"  # tokens per the key's budget period
 
 
+# A leader's term as routers see it (server/tenants/limits.py makes them): a router from
+# before terms sends "" and is answered as before; NO_TERM is a router that knows terms and
+# has not been told one yet (it holds no grant).
+NO_TERM = "-"
+_TERM = re.compile(r"^[0-9a-f-]{0,32}$")
+MAX_HELD = 1024  # grants one LeaseOp declares (a router with more sends several)
+
+
+def _term(_: object, __: object, value: str) -> None:
+    if not _TERM.match(value):
+        raise ValueError(f"term: expected at most 32 hex digits, got {value[:40]!r}")
+
+
 @frozen
 class Unused:
-    """Units of a lease a router did not use and will not (the lease ended)."""
+    """Units of a lease a router did not use and will not (the lease ended). `term`: the
+    term that granted it; a leader of another term ignores it (its ids are not ours)."""
 
     key: str = field(validator=_name)
     kind: LimitKind
     grant_id: int = field(validator=_count)
     units: int = field(validator=_count)
+    term: str = field(default="", validator=_term)
 
 
 def _bounded_unused(_: object, __: object, value: tuple[Unused, ...]) -> None:
@@ -196,14 +211,43 @@ def _bounded_unused(_: object, __: object, value: tuple[Unused, ...]) -> None:
         raise ValueError(f"at most {MAX_IMPORT} leases given back at once, got {len(value)}")
 
 
+def _seconds(_: object, a: object, value: float) -> None:
+    if not -1e10 <= value <= 1e10:  # NaN fails too
+        raise ValueError(f"{getattr(a, 'name', 'seconds')}: expected seconds, got {value!r}")
+
+
+@frozen
+class Held:
+    """A grant of another term that a router holds or used (server/tenants/leases.py, adopt):
+    `units` of it may occupy the limit; `left`: seconds of use it had left when the router
+    sent this (negative: it ended that long ago)."""
+
+    key: str = field(validator=_name)
+    kind: LimitKind
+    term: str = field(validator=_term)
+    grant_id: int = field(validator=_count)
+    units: int = field(validator=_count)
+    left: float = field(validator=_seconds)
+
+
+def _bounded_held(_: object, __: object, value: tuple[Held, ...]) -> None:
+    if len(value) > MAX_HELD:
+        raise ValueError(f"at most {MAX_HELD} grants declared at once, got {len(value)}")
+
+
 @frozen
 class LeaseOp:
-    """A router asks for `want` units of a key's limit (0: only gives back `unused`)."""
+    """A router asks for `want` units of a key's limit (0: only gives back `unused`, or
+    declares `held`). `term`: the leader's term the router last heard of ("" from a
+    router before terms; NO_TERM: none yet). `held`: its grants of other terms, sent to a
+    leader of a new term when told to (LeaseResult.declare)."""
 
     key: str = field(validator=_name)
     kind: LimitKind = LimitKind.RPM
     want: int = field(default=0, validator=_limit)
     unused: tuple[Unused, ...] = field(default=(), validator=_bounded_unused)
+    term: str = field(default="", validator=_term)
+    held: tuple[Held, ...] = field(default=(), validator=_bounded_held)
 
 
 # ---- results ----
@@ -243,3 +287,7 @@ class LeaseResult:
     units: int = 0
     ttl: float = 0.0
     retry_after: float = 0.0
+    # Only to a router that sent a term (an older one refuses keys it does not know):
+    term: str = field(default="", validator=_term)  # the leader's term: names the grant
+    declare: bool = False  # a new term: declare your grants of others (`held`), then ask
+    hold: float = 0.0  # a new term waits this long for declarations: nothing granted yet
