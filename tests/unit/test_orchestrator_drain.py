@@ -14,6 +14,7 @@ from llmgw.config.server import ServerConfig
 from llmgw.model.deployment import Deployment, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
+from llmgw.server.endpoints import endpoint_table
 from llmgw.server.orchestrator import Orchestrator
 from llmgw.server.peers.sessions import ControlPlane, Outgoing
 from llmgw.server.store.sql import Store
@@ -52,7 +53,7 @@ async def test_a_scaled_away_replica_leaves_the_table_then_its_node_once_idle(tm
     report(-1, 2.0)
     await orch.run_pass(2.0)
     assert orch.replicas["d-0"].state == ReplicaState.READY
-    assert [e["replica_id"] for e in orch.endpoint_table()["org/m"]] == ["d-0"]
+    assert [e["replica_id"] for e in endpoint_table(orch.replicas, orch.cp.nodes)["org/m"]] == ["d-0"]
 
     orch.deployments["d"] = evolve(d, replicas=0)
     orch.mark_deployment("d")
@@ -60,7 +61,7 @@ async def test_a_scaled_away_replica_leaves_the_table_then_its_node_once_idle(tm
     out, events = await orch.run_pass(3.0)
     r = orch.replicas["d-0"]
     assert r.state == ReplicaState.DRAINING and (r.drain_since, r.drain_until) == (3.0, 63.0)
-    assert orch.endpoint_table() == {}  # no router sends it anything new
+    assert endpoint_table(orch.replicas, orch.cp.nodes) == {}  # no router sends it anything new
     assert not sets(out)  # its engine still runs
     assert orch.next_wake == 3.0 + GRACE
     assert any(e.text.startswith("draining: scaled down to 0") for e in events)

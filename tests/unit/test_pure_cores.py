@@ -73,6 +73,7 @@ PURE = [
     "llmgw.server.placement.fabrics",
     "llmgw.server.peers.intern",
     "llmgw.router.jsondepth",
+    "llmgw.server.endpoints",
 ]
 
 

@@ -471,7 +471,7 @@ def test_a_drain_replacement_left_behind_by_a_spec_change_does_not_block_the_rol
 
 
 def test_not_ready_reason_names_counts_and_why_pending() -> None:
-    from llmgw.server.status import not_ready_reason
+    from llmgw.server.endpoints import not_ready_reason
 
     w = World(cluster(node("a", 8)), dep(2))
     w.step()

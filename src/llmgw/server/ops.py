@@ -2,8 +2,8 @@
 `ops()`, the table that says who may send each and which handler answers it (the control
 plane dispatches through it, sessions.py; API keys and usage bring their own,
 tenants/apikeys.py). The handlers read and change the orchestrator's state through the
-reference they hold; the state, the pass loop, the endpoint table and the status
-document stay in orchestrator.py.
+reference they hold; the state, the pass loop and the status document stay in
+orchestrator.py; the endpoint table is built in endpoints.py (pure).
 
 Handlers that write the store are async: they answer once it is written.
 """
@@ -20,6 +20,7 @@ from llmgw.config.deployment import MAX_REPLICAS
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
 from llmgw.model.node import NodeState
+from llmgw.server import endpoints
 from llmgw.server.peers.sessions import OpHandler, Peer, RequestError
 from llmgw.server.reconcile import adapters
 from llmgw.server.status import (
@@ -225,12 +226,8 @@ class Ops:
         return {"replica": rid, "node": node_id, "lines": list(got[0].lines)}
 
     def op_endpoints(self, peer: Peer, op: EndpointsOp, now: float) -> Any:
-        table: dict[str, Any] = {"models": self.o.endpoint_table(), "waiting": self.o.waiting()}
-        cold = self.o.cold()
-        if cold:  # the key only when there are some: a router from before reads the rest
-            table["cold"] = cold
-            for name in cold:
-                table["waiting"].pop(name, None)
+        o = self.o
+        table = endpoints.table(o.deployments, o.replicas, o.pending, o.cp.nodes)
         if table != self._endpoints:
             self._endpoints = table
             self._endpoints_version += 1

@@ -26,7 +26,7 @@ import trio
 from attrs import evolve
 
 from llmgw.config.server import ServerConfig
-from llmgw.model.deployment import Deployment, Replica, ReplicaState
+from llmgw.model.deployment import Deployment, Replica
 from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
@@ -34,9 +34,7 @@ from llmgw.server.elastic.autoscaler import Autoscaler, Change
 from llmgw.server.ops import Ops
 from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing
 from llmgw.server.placement.place import NodeView
-from llmgw.server.reconcile import adapters, sleeping
 from llmgw.server.reconcile.rebuild import adoptable, rebuild
-from llmgw.server.reconcile.replica_states import ROUTABLE
 from llmgw.server.reconcile.rules import (
     NodeDelta,
     ReconcileResult,
@@ -47,7 +45,6 @@ from llmgw.server.reconcile.rules import (
 )
 from llmgw.server.status import (
     deployment_rows,
-    not_ready_reason,
     preflight_by_fabric,
     replica_rows,
     status_view,
@@ -415,62 +412,6 @@ class Orchestrator:
         """The autoscaler's loop (and priorities' preemption), beside serve()."""
         await self.autoscaler.serve(lambda: self.deployments, self.autoscale_to, clock,
                                     lambda: (self.replicas, self.pending), task_status=task_status)
-
-    def cold(self) -> list[str]:
-        """Served names of deployments that may scale to zero and have nothing ready
-        (at zero, or waking): routers hold their requests rather than refuse them."""
-        ready = {r.spec.served_name for r in self.replicas.values() if sleeping.serving(r)}
-        return sorted(d.served_name for d in self.deployments.values()
-                      if d.autoscale is not None and d.autoscale.min == 0
-                      and d.served_name not in ready)
-
-    def waiting(self) -> dict[str, str]:
-        """Served name -> why nothing of it is ready, for each deployment that serves
-        nothing: the router answers those 503 (with the reason), not 404."""
-        ready = {r.spec.served_name for r in self.replicas.values() if sleeping.serving(r)}
-        out: dict[str, str] = {}
-        for name, d in sorted(self.deployments.items()):
-            if d.served_name in ready or d.replicas == 0:
-                continue
-            mine = [r for r in self.replicas.values() if r.deployment == name]
-            out[d.served_name] = not_ready_reason(d, mine, self.pending)
-        if any(d.adapters for d in self.deployments.values()):
-            loaded: dict[str, set[str]] = {}
-            for entries in self._endpoint_rows().values():
-                for e in entries:
-                    if e["ready"]:
-                        loaded.setdefault(e["served"], set()).update(e.get("adapters", ()))
-            errors = adapters.adapter_errors(
-                rep for n in self.cp.nodes.values() for rep in n.engines.values())
-            for name, why in adapters.adapters_waiting(self.deployments, loaded, errors).items():
-                out.setdefault(name, why)
-        return out
-
-    def endpoint_table(self) -> dict[str, list[dict[str, Any]]]:
-        """Served name -> replicas. A suspect node's replicas stay: the router judges by
-        whether the engine answers. A lost node's do not."""
-        rows = self._endpoint_rows()
-        return {name: [{k: v for k, v in e.items() if k != "served"} for e in entries]
-                for name, entries in rows.items()}
-
-    def _endpoint_rows(self) -> dict[str, list[dict[str, Any]]]:
-        table: dict[str, list[dict[str, Any]]] = {}
-        for r in sorted(self.replicas.values(), key=lambda r: r.id):
-            if not r.endpoint or r.state not in ROUTABLE:
-                continue
-            head = self.cp.nodes.get(r.members[0].node_id)
-            if head is None or head.state == NodeState.LOST and r.state != ReplicaState.HELD:
-                continue
-            row: dict[str, Any] = {"replica_id": r.id, "url": r.endpoint,
-                                   "ready": sleeping.serving(r),
-                                   "served": r.spec.served_name}
-            # The adapters its head engine reports loaded; the key only where there are
-            # some, so a router from before adapters reads the table as before.
-            loaded = adapters.replica_adapters(r, head.engines.get(r.id))
-            if loaded:
-                row["adapters"] = list(loaded)
-            table.setdefault(r.spec.served_name, []).append(row)
-        return table
 
     def note_events(self, events: list[StoredEvent]) -> None:
         for e in events:

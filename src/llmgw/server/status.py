@@ -165,25 +165,6 @@ def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> s
     return "ready" if ready >= d.replicas else "progressing"
 
 
-def not_ready_reason(d: Deployment, mine: list[Replica], pending: dict[str, str]) -> str:
-    """Why a deployment serves nothing, for a client's 503: `llama-70b: 0 of 2 replicas
-    ready (1 starting, 1 pending: 0/3 nodes fit: 3 lacked 8 free GPUs)`."""
-    slots = [r for r in mine if not r.replaces]
-    counts: dict[str, int] = {}
-    for r in slots:
-        counts[str(r.state)] = counts.get(str(r.state), 0) + 1
-    parts = []
-    for state, n in sorted(counts.items()):
-        part = f"{n} {state}"
-        if state == ReplicaState.PENDING:
-            why = sorted({pending[r.id] for r in slots if r.id in pending})
-            if why:
-                part += ": " + "; ".join(why)
-        parts.append(part)
-    detail = f" ({', '.join(parts)})" if parts else ""
-    return f"{d.served_name}: 0 of {d.replicas} replicas ready{detail}"
-
-
 def deployment_rows(o: Orchestrator) -> list[dict[str, Any]]:
     rows = []
     for name, d in sorted(o.deployments.items()):

@@ -1,8 +1,8 @@
 """When a draining replica stops: one pure rule over plain data.
 
 A replica leaving for a reason that is no failure (scaled down, deleted, replaced, moved
-off a draining node) first leaves the endpoint table (orchestrator.endpoint_table lists
-only what serves), then waits for two things before its engines are stopped:
+off a draining node) first leaves the endpoint table (server/endpoints.py lists only
+what serves), then waits for two things before its engines are stopped:
 
 - every router has dropped it: routers poll the table every `table_poll_interval` (1 s by
   default), and a request one of them sent just before shows in the engine's in-flight
