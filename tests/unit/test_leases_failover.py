@@ -125,3 +125,81 @@ def test_a_wallet_remembers_what_it_used_bounded_and_no_shorter() -> None:
     last_end = max(h.ends for h, _, _ in held)
     assert last_end == float(MAX_SPENT * 2 - 1) + TTL
     assert w.held(float(MAX_SPENT * 2) + TTL, "a") == []  # the term's own are not declared
+
+
+# ---- the whole path: routers' Limiters and the server's LimitBooks, through a failover ----
+
+import msgpack  # noqa: E402
+import trio  # noqa: E402
+
+from llmgw.model.apikey import ApiKeyRecord, hash_secret  # noqa: E402
+from llmgw.router.errors import ApiError  # noqa: E402
+from llmgw.router.limits import Limiter  # noqa: E402
+from llmgw.server.peers.sessions import Peer  # noqa: E402
+from llmgw.server.tenants.limits import LimitBooks  # noqa: E402
+from llmgw.transport.apikey_ops import LeaseOp  # noqa: E402
+from llmgw.transport.codec import converter  # noqa: E402
+
+
+class Leaders:
+    """One leader at a time; `fail` makes a new term (a new LimitBooks: empty books)."""
+
+    def __init__(self, k: ApiKeyRecord) -> None:
+        self.keys = {k.name: k}
+        self.books = LimitBooks(lambda: self.keys)
+        self.up = True
+
+    def fail(self) -> None:
+        self.books = LimitBooks(lambda: self.keys)
+
+    def asker(self, router: str) -> object:
+        async def ask(op: LeaseOp) -> object:
+            await trio.sleep(0.002)
+            if not self.up:
+                raise OSError("unreachable")
+            # Through the codec both ways, as on the wire.
+            op = converter.structure(msgpack.unpackb(msgpack.packb(converter.unstructure(op))), LeaseOp)
+            got = self.books.op_lease(Peer(b"", "router", router), op, trio.current_time())
+            return await got if hasattr(got, "__await__") else got
+        return ask
+
+
+async def test_rpm_holds_across_a_failover_mid_minute(autojump_clock: trio.abc.Clock) -> None:
+    k = ApiKeyRecord("k", hash_secret("s"), "", rpm=10, on_server_loss="deny")
+    leaders = Leaders(k)
+    routers = [Limiter(leaders.asker(f"r{i}")) for i in range(2)]  # type: ignore[arg-type]
+    accepted: list[float] = []
+    codes: set[int] = set()
+
+    async def client(lim: Limiter, gap: float) -> None:
+        while trio.current_time() < 200:
+            try:
+                c = await lim.admit(k, 0)
+            except ApiError as e:
+                codes.add(e.status)
+            else:
+                accepted.append(trio.current_time())
+                lim.settle(c, 0)
+            await trio.sleep(gap)
+
+    async def failover() -> None:
+        await trio.sleep(30)  # mid-minute: the routers hold, and have used, the old term's
+        leaders.up = False
+        await trio.sleep(3)  # the election
+        leaders.fail()
+        leaders.up = True
+
+    async with trio.open_nursery() as n:
+        for lim in routers:
+            n.start_soon(lim.keep_terms)
+        n.start_soon(failover)
+        for i, lim in enumerate(routers):
+            n.start_soon(client, lim, 0.05 + 0.017 * i)
+        await trio.sleep(200)
+        n.cancel_scope.cancel()
+    accepted.sort()
+    worst = max(sum(1 for t in accepted if a <= t < a + 60) for a in accepted)
+    assert worst <= 10, worst
+    assert len(accepted) >= 30  # the limit used in every minute, after the failover too
+    assert sum(r.declared for r in routers) >= 1 and leaders.books.adopted >= 10
+    assert codes <= {429, 503}
