@@ -39,7 +39,7 @@ def shape_config(shape: str) -> dict[str, object]:
     tokenizer). Importable without torch."""
     if shape not in SHAPES:
         raise SystemExit(f"unknown shape {shape!r}: choose from {', '.join(SHAPES)}")
-    return {"vocab_size": VOCAB, "num_hidden_layers": 2, "max_position_embeddings": 1024,
+    return {"vocab_size": VOCAB, "num_hidden_layers": 2, "max_position_embeddings": 8192,
             "tie_word_embeddings": True, **SHAPES[shape]}
 
 
