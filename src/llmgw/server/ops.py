@@ -2,8 +2,8 @@
 `ops()`, the table that says who may send each and which handler answers it (the control
 plane dispatches through it, sessions.py; API keys and usage bring their own,
 tenants/apikeys.py). The handlers read and change the orchestrator's state through the
-reference they hold; the state, the pass loop and the status document stay in
-orchestrator.py; the endpoint table is built in endpoints.py (pure).
+reference they hold; the state and the pass loop stay in orchestrator.py, the endpoint
+table is built in endpoints.py (pure) and the status document in status.py.
 
 Handlers that write the store are async: they answer once it is written.
 """
@@ -30,6 +30,7 @@ from llmgw.server.status import (
     describe_replica,
     node_rows,
     replica_rows,
+    status_document,
 )
 from llmgw.server.store.sql import StoredEvent
 from llmgw.transport.messages import LogsReply, LogsRequest, Rediscover
@@ -234,4 +235,4 @@ class Ops:
         return {"version": self._endpoints_version, **table}
 
     def op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:
-        return self.o.status_document(now)
+        return status_document(self.o, now)

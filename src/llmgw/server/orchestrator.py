@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import trio
 from attrs import evolve
@@ -42,12 +41,6 @@ from llmgw.server.reconcile.rules import (
     ReconcileState,
     desired_sets,
     reconcile_dirty,
-)
-from llmgw.server.status import (
-    deployment_rows,
-    preflight_by_fabric,
-    replica_rows,
-    status_view,
 )
 from llmgw.server.store.sql import StateStore, StoredEvent
 from llmgw.server.tenants.apikeys import ApiKeys
@@ -419,18 +412,3 @@ class Orchestrator:
                 self.last_events[e.replica] = e
         if len(self.last_events) > 2 * len(self.replicas) + 100:  # bounded: gone replicas go
             self.last_events = {k: e for k, e in self.last_events.items() if k in self.replicas}
-
-    def status_document(self, now: float) -> dict[str, Any]:
-        """What `ctl status -o json` prints, and the status page's /status.json."""
-        return {**status_view(self.cp, now), **self.status_extra(now)}
-
-    def status_extra(self, now: float) -> dict[str, Any]:
-        notes = [self.holding] if self.holding else []
-        if self.rebuilt:
-            notes.append("rebuilt from the cluster (the state folder had no record of them): "
-                         + ", ".join(sorted(self.rebuilt)))
-        notes += self.rebuild_notes
-        return {"deployments": deployment_rows(self), "replicas": replica_rows(self, self.last_events),
-                "notes": notes, "preflight": preflight_by_fabric(self),  # per fabric (issue 22)
-                # Per API key x model since this server started (issue 24; `ctl usage`: stored).
-                "usage": self.apikeys.usage_totals.rows()}

@@ -321,3 +321,17 @@ def preflight_by_fabric(o: Orchestrator) -> dict[str, dict[str, Any]]:
 def _with_last_event(o: Orchestrator, r: Replica) -> dict[str, Any]:
     e = o.last_events.get(r.id)
     return {**replica_row(r), "last_event": {"ts": e.ts, "text": e.text} if e is not None else None}
+
+
+def status_document(o: Orchestrator, now: float) -> dict[str, Any]:
+    """What `ctl status -o json` prints, and the status page's /status.json."""
+    notes = [o.holding] if o.holding else []
+    if o.rebuilt:
+        notes.append("rebuilt from the cluster (the state folder had no record of them): "
+                     + ", ".join(sorted(o.rebuilt)))
+    notes += o.rebuild_notes
+    return {**status_view(o.cp, now),
+            "deployments": deployment_rows(o), "replicas": replica_rows(o, o.last_events),
+            "notes": notes, "preflight": preflight_by_fabric(o),  # per fabric (issue 22)
+            # Per API key x model since this server started (issue 24; `ctl usage`: stored).
+            "usage": o.apikeys.usage_totals.rows()}

@@ -20,6 +20,7 @@ from llmgw.http1.listen import Handler, HttpRequest, Response, Route
 from llmgw.http1.serve import serve_http
 from llmgw.server.metrics import ServerMetrics
 from llmgw.server.orchestrator import Orchestrator
+from llmgw.server.status import status_document
 
 # The page loads its script and style from here and talks to nothing else.
 PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -42,7 +43,7 @@ def server_routes(orchestrator: Orchestrator, metrics: ServerMetrics,
         return Response(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
 
     async def get_status(req: HttpRequest) -> Response:
-        doc = orchestrator.status_document(clock())
+        doc = status_document(orchestrator, clock())
         return Response(200, json.dumps(doc, default=str).encode(), "application/json")
 
     def const(resp: Response) -> Handler:
