@@ -32,10 +32,9 @@ pytestmark = pytest.mark.real_engine
 
 MODEL = "tiny"
 ENGINE_ARGS = ["--max-model-len", "8192", "--enforce-eager"]
-# With --max-model-len 1024 (and 1,000 tokens) vLLM 0.32's CPU build was seen to have made
-# all 1,000 before the client had its third chunk (running 0 when it closed, in CI and
-# here); with 8192 (make_model.py's positions) the stream is aborted after 3 tokens, its
-# slot free 0.2 s after the close (four runs here, 1,000 or 8,000 tokens asked for).
+# The mid-stream disconnect's request: as long as make_model.py's 8,192 positions allow
+# (about 15 s of generation here), so that a router that never passed the close on would
+# be seen running it to its end.
 MAX_TOKENS = 8000
 
 
@@ -192,7 +191,8 @@ def test_load_watch_reads_the_engines_metrics(rig: Rig) -> None:
     assert "cannot read /metrics" not in router_log
 
 
-def _open_stream(router_url: str) -> socket.socket:
+def _send_stream(router_url: str) -> socket.socket:
+    """A streamed completion of MAX_TOKENS sent through the router; nothing read yet."""
     host, port = router_url.removeprefix("http://").split(":")
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": MAX_TOKENS,
                        "ignore_eos": True, "stream": True}).encode()
@@ -200,34 +200,88 @@ def _open_stream(router_url: str) -> socket.socket:
     try:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        got = b""
-        while got.count(b"data:") < 3:
-            chunk = s.recv(65536)
-            assert chunk, got
-            got += chunk
     except BaseException:
         s.close()
         raise
     return s
 
 
+def _read_events(s: socket.socket, count: int) -> bytes:
+    got = b""
+    while got.count(b"data:") < count:
+        chunk = s.recv(65536)
+        assert chunk, got
+        got += chunk
+    return got
+
+
+def _workers(leader: int) -> list[int]:
+    """The engine's model workers (vLLM names them VLLM::Worker...), which run the forward
+    passes: stopped, they freeze generation while the API server and EngineCore go on."""
+    out = []
+    for pid in procs.session_pids(leader):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("VLLM::Worker"):
+            out.append(pid)
+    return out
+
+
+def _settled(read: Any, what: str) -> float:
+    """`read()` once two reads 0.3 s apart agree (the API server has drained what the
+    EngineCore sent it)."""
+    last: list[float] = []
+
+    def same() -> bool:
+        last.append(read())
+        return len(last) >= 2 and last[-1] == last[-2]
+
+    wait_for(same, 10, what, interval=0.3)
+    return last[-1]
+
+
 def test_client_disconnect_mid_stream_frees_the_engine_slot(rig: Rig) -> None:
+    """A client that goes away mid-stream ends its generation on the engine.
+
+    Made independent of how fast vLLM's CPU build streams: in CI, on two busy cores, the
+    client's first chunks have come only after all 1,000 (then 8,000) tokens were made, so a
+    close "after three chunks" was no longer mid-stream. Here the engine's own counter says
+    when generation has begun; the model workers are then stopped (SIGSTOP) so it cannot run
+    to its end while the client reads its first chunks and closes, and resumed (SIGCONT)
+    after the close. Only a router that passes the close on to the engine keeps the count
+    below MAX_TOKENS: one that kept the upstream stream open would let it run to the end.
+    """
     url = rig.endpoint()
-    before = series(metrics(url), "vllm:generation_tokens_total")
-    s = _open_stream(rig.router_url)
-    # Closed as soon as three chunks came: the request is in flight now. Its gauge is not
-    # waited for: in CI num_requests_running was never seen above 0 in 5 s of polling with
-    # the stream open (vLLM's API server, streaming on two busy cores, is slow to answer
-    # /metrics), so that wait raced the very generation it watched. The abort shows in the counter
-    # instead: with ignore_eos a request that ran to its end generated MAX_TOKENS.
-    s.close()
-    closed = time.monotonic()
-    wait_for(lambda: series(metrics(url), "vllm:num_requests_running") == 0.0, 10,
+    workers = _workers(rig.leader())
+    assert workers, f"no VLLM::Worker process in the engine's session (log: {rig.engine_log()})"
+    gen = lambda: series(metrics(url), "vllm:generation_tokens_total")  # noqa: E731
+    before = gen()
+    s = _send_stream(rig.router_url)
+    stopped = False
+    try:
+        begun = wait_for(lambda: gen() - before or None, 30, "the engine generating the stream",
+                         interval=0.05)
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        frozen = _settled(lambda: gen() - before, "the generation count settled")
+        assert frozen < MAX_TOKENS, f"the engine made all {MAX_TOKENS} tokens before it was seen generating"
+        # Mid-stream at the client: it has its first chunks (their tokens are made) when it goes.
+        _read_events(s, 1)
+    finally:
+        s.close()
+        closed = time.monotonic()
+        if stopped:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: series(metrics(url), "vllm:num_requests_running") == 0.0, 60,
              "vllm:num_requests_running back to 0", interval=0.2)
     freed = time.monotonic() - closed
-    # Aborted, not finished: far fewer tokens than asked for were generated.
-    generated = series(metrics(url), "vllm:generation_tokens_total") - before
-    print(f"aborted after {generated:.0f} of {MAX_TOKENS} tokens, slot freed {freed:.2f}s after the close")
+    generated = gen() - before
+    print(f"generating ({begun:.0f} tokens seen), frozen at {frozen:.0f}, aborted after "
+          f"{generated:.0f} of {MAX_TOKENS} tokens, slot freed {freed:.2f}s after the close")
     assert generated < MAX_TOKENS, (generated, freed)
 
 
