@@ -62,6 +62,35 @@ def test_a_node_short_of_space_is_refused_with_the_reason(cluster: Cluster, tmp_
     assert [m for r in replicas.values() for m in r["nodes"]] == ["n1"]
 
 
+def test_a_download_under_way_there_is_room_of_its_own(cluster: Cluster, tmp_path: Path) -> None:
+    # n2 already has most of org/big in its download_dir (a download cut short, or another
+    # replica's under way): only the rest must fit, so the second replica goes there.
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    if free >= TIB:
+        pytest.skip("a file system with a TiB free: the copy below would fit anyway")
+    models = tmp_path / "models"
+    _sparse_model(models, "org/big", TIB)
+    blobs = tmp_path / "dl2" / "models--org--big" / "blobs"
+    blobs.mkdir(parents=True)
+    with open(blobs / "abc.incomplete", "wb") as f:
+        f.truncate(TIB - free // 2)  # a hole: the rest is half of what is free
+    cluster.start_server()
+    cluster.start_agent("n1", discovery={"nvidia_smi": str(_idle_gpu(tmp_path / "smi1"))},
+                        model_dirs=[str(models)], download_dir=str(tmp_path / "dl1"))
+    cluster.start_agent("n2", discovery={"nvidia_smi": str(_idle_gpu(tmp_path / "smi2"))},
+                        download_dir=str(tmp_path / "dl2"))
+    cluster.wait_states({"n1": "ready", "n2": "ready"})
+    dep = tmp_path / "big.yaml"
+    dep.write_text("name: big\nmodel: org/big\nengine: simulated\ngpus_per_node: 1\nreplicas: 2\n")
+    assert cluster.ctl("apply", "-f", str(dep)).returncode == 0
+
+    def placed() -> list[str] | None:
+        nodes = sorted(m for r in cluster.status()["replicas"] for m in r["nodes"])
+        return nodes if nodes == ["n1", "n2"] else None
+
+    wait_for(placed, 30, "both replicas placed, the second on n2", interval=0.5)
+
+
 def test_a_download_shows_in_describe_and_status(cluster: Cluster, tmp_path: Path) -> None:
     dl = tmp_path / "dl"
     cluster.start_server()

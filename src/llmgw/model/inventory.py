@@ -143,6 +143,12 @@ class StorageReport:
     # reports a change of free space only beyond FREE_SPACE_SLACK (discovery/discover.py).
     download_dir: str = ""
     download_free: int = -1
+    # Downloads under way (or cut short) in download_dir: model id -> bytes already on
+    # disk there (the hub cache's blobs, the .incomplete ones included). Finishing one
+    # takes only the rest, so placement counts these as room of that model's (a second
+    # replica on the node shares the download, a restarted one resumes it). Empty: none,
+    # or an agent from before, which placement charges the whole size as it did.
+    downloading: dict[str, int] = field(factory=dict)
 
     def holds(self, model: str) -> bool:
         """True when a complete copy of `model` (an id or a path) is visible here."""

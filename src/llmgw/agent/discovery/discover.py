@@ -123,10 +123,15 @@ def _gpu_same(a: Gpu, b: Gpu) -> bool:
 
 
 def _space_slack(old: StorageReport, new: StorageReport) -> StorageReport:
-    """`old`, with new's free space where it moved by less than FREE_SPACE_SLACK."""
+    """`old`, with new's free space and downloads' bytes where each moved by less than
+    FREE_SPACE_SLACK (the same downloads: one that begins or ends is a change). A download
+    moves both together, so they are reported together: placement adds them up."""
     known = old.download_free >= 0 and new.download_free >= 0
     if known and abs(old.download_free - new.download_free) < FREE_SPACE_SLACK:
-        return evolve(old, download_free=new.download_free)
+        old = evolve(old, download_free=new.download_free)
+    if old.downloading.keys() == new.downloading.keys() and all(
+            abs(n - old.downloading[m]) < FREE_SPACE_SLACK for m, n in new.downloading.items()):
+        old = evolve(old, downloading=new.downloading)
     return old
 
 

@@ -13,6 +13,7 @@ import os
 from attrs import evolve, frozen
 
 from llmgw.agent.discovery.mountinfo import Mount, classify
+from llmgw.agent.download_progress import downloaded, read_listing
 from llmgw.config.agent import ModelDirConfig
 from llmgw.model.inventory import ModelCopy, StorageReport
 
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 PARTIAL_SUFFIXES = (".incomplete", ".part", ".partial", ".tmp", ".aria2")
 HF_PREFIX = "models--"
+# Downloads under way reported from one download_dir, at most (a message stays bounded).
+MAX_DOWNLOADS = 256
 
 
 @frozen
@@ -233,14 +236,39 @@ def free_space(path: str) -> int:
             return -1
 
 
+def scan_downloads(download_dir: str) -> dict[str, int]:
+    """Model id -> bytes on disk, for each copy in `download_dir` (the hub cache layout an
+    engine downloads into) that is not complete and has some bytes there: a download under
+    way, or one cut short that the next engine resumes. A complete copy is not listed (the
+    node holds it; the scan of model_dirs says so)."""
+    try:
+        with os.scandir(download_dir) as it:
+            repos = sorted((e.name, e.path) for e in it
+                           if e.name.startswith(HF_PREFIX) and e.is_dir())
+    except OSError:
+        return {}
+    out: dict[str, int] = {}
+    for name, path in repos:
+        copy = scan_hf_repo(name, path)
+        held = 0 if copy.complete else downloaded(read_listing(path))
+        if held > 0:
+            out[copy.name] = held
+            if len(out) >= MAX_DOWNLOADS:
+                break
+    return out
+
+
 def scan_storage(model_dirs: tuple[ModelDirConfig, ...] | None, mounts: list[Mount],
                  download_dir: str = "") -> StorageScan:
     """Walk every configured directory. None: the node was not asked (asked=False).
-    `download_dir` (agent.yaml's, "" for none): its free space is reported too."""
+    `download_dir` (agent.yaml's, "" for none): its free space is reported too, and the
+    downloads under way there (read before the free space, so that a download growing
+    between the two reads is counted short, never twice)."""
+    downloading = scan_downloads(download_dir) if download_dir else {}
     free = free_space(download_dir) if download_dir else -1
     if model_dirs is None:
         return StorageScan(StorageReport(asked=False, download_dir=download_dir,
-                                         download_free=free))
+                                         download_free=free, downloading=downloading))
     models: list[ModelCopy] = []
     warnings: list[str] = []
     for d in model_dirs:
@@ -267,5 +295,5 @@ def scan_storage(model_dirs: tuple[ModelDirConfig, ...] | None, mounts: list[Mou
                 warnings.append(f"model {c.name} at {c.path} is incomplete: {c.reason}")
             models.append(evolve(c, shared=shared, store=store))
     report = StorageReport(asked=True, models=tuple(models), download_dir=download_dir,
-                           download_free=free)
+                           download_free=free, downloading=downloading)
     return StorageScan(report, tuple(warnings))

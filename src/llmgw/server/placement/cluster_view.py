@@ -50,8 +50,8 @@ class NodeView:
 
 class _Node:
     __slots__ = (
-        "addr", "cache", "download_dir", "download_free", "fabrics", "fixed", "free", "gpu_name",
-        "gpus", "hi", "id", "labels", "lacked", "lo", "out", "ports", "reject", "view",
+        "addr", "cache", "download_dir", "download_free", "downloading", "fabrics", "fixed", "free",
+        "gpu_name", "gpus", "hi", "id", "labels", "lacked", "lo", "out", "ports", "reject", "view",
     )
 
     def __init__(
@@ -77,6 +77,8 @@ class _Node:
         # known, taken as room enough): placement's space rule (placement._room).
         self.download_dir = inv.storage.download_dir
         self.download_free = inv.storage.download_free
+        # Bytes of each model already in download_dir (downloads under way or cut short).
+        self.downloading = inv.storage.downloading
         # Ports that no release() gives back: used outside placement, or blocked.
         self.fixed = view.used_ports | {p for p in view.blocked_ports if self.lo <= p <= self.hi}
         self.ports = set(self.fixed)

@@ -14,7 +14,11 @@ refuses to start below that, so a GPU other processes hold is no answer at all.
 
 Space: a node that would download the model (it holds no complete copy) and reports less
 free space in its download_dir than the model's size is no fit, where both are known: the
-size from another node's complete copy, the free space from the agent's storage scan.
+size from another node's complete copy, the free space from the agent's storage scan. The
+bytes of that model already in its download_dir (a download under way or cut short, which
+the next engine there shares or resumes) count as its room: a second replica on the node,
+or a restart mid-download, needs only the rest free, and is not charged the whole size
+again for what the first download already took.
 Holding weights is never required (a download is a valid answer).
 
 Preference, never a filter, in this order: holding complete weights for the model (for
@@ -150,13 +154,25 @@ def _download_need(view: ClusterView, d: Deployment) -> int:
 _PATH_PREFIXES = ("/", "./", "../", "~")  # as agent/engines/weights.py tells a path
 
 
-def _room(n: _Node, need: int) -> str:
-    """Why `n` cannot take a download of `need` bytes; "" when it can, or when the size or
-    its free space is not known."""
-    if need <= 0 or n.download_free < 0 or n.download_free >= need:
+def download_room(need: int, free: int, held: int) -> int:
+    """Bytes short for a download of `need` bytes into a folder with `free` bytes free
+    that already holds `held` bytes of that same model (its download under way, or cut
+    short: the hub client resumes and shares it); 0 when it fits, or when the size (0) or
+    the free space (-1) is not known."""
+    if need <= 0 or free < 0:
+        return 0
+    return max(0, need - max(0, held) - free)
+
+
+def _room(n: _Node, need: int, model: str) -> str:
+    """Why `n` cannot take a download of `need` bytes of `model`; "" when it can, or when
+    the size or its free space is not known."""
+    held = n.downloading.get(model, 0)
+    if not download_room(need, n.download_free, held):
         return ""
+    there = f" ({_gib_bytes(held)} of it already there)" if held > 0 else ""
     return (f"download_dir {_text(n.download_dir, _PATH_CHARS)} has {_gib_bytes(n.download_free)} free, "
-            f"the model needs {_gib_bytes(need)}")
+            f"the model needs {_gib_bytes(need)}{there}")
 
 
 def _gib_bytes(n: int) -> str:
@@ -199,7 +215,7 @@ def _pick(
         taken = exclude | {c.node.id for c in chosen}
         nodes = view.nodes
         chosen += _scan(group, d, k - len(chosen), taken,
-                        lambda nid: nid not in holders and not _room(nodes[nid], need), False)
+                        lambda nid: nid not in holders and not _room(nodes[nid], need, d.model), False)
     return chosen if len(chosen) == k else None
 
 
@@ -394,7 +410,7 @@ def _why(n: _Node, d: Deployment, exclude: frozenset[str], need: int = 0) -> tup
             return "lacked fabric", -1
         if not n.fabrics:
             return "had their fabric down", -1
-    if _room(n, need) and not n.view.inventory.storage.holds(d.model):
+    if _room(n, need, d.model) and not n.view.inventory.storage.holds(d.model):
         return _SHORT_OF_SPACE.format(_gib_bytes(need)), -1
     return "", -1
 
@@ -503,7 +519,7 @@ def explain(
             if roomy >= 0:
                 close.append((-roomy, n.id))
             elif why == short_key:
-                short.append((-n.download_free, n.id))
+                short.append((-n.download_free - n.downloading.get(d.model, 0), n.id))
         else:
             fit += 1
             for fabric in n.fabrics:
@@ -529,5 +545,5 @@ def explain(
     if len(close) > _DETAILED:
         reason += f". {len(close) - _DETAILED} more nodes kept out by GPUs that are not ours"
     for _, nid in heapq.nsmallest(_DETAILED, short):  # the most space first
-        reason += f". {nid}: {_room(view.nodes[nid], need)}"
+        reason += f". {nid}: {_room(view.nodes[nid], need, d.model)}"
     return Unschedulable(reason=reason, counts=dict(counts))
