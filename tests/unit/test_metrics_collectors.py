@@ -51,9 +51,10 @@ def node(node_id: str, state: NodeState, **kw: Any) -> Node:
 
 def test_server_collector_reads_the_state() -> None:
     cp = ControlPlane(config=ServerConfig())
-    cp.nodes = {"n1": node("n1", NodeState.READY), "n2": node("n2", NodeState.READY, cordoned=True),
-                "n3": node("n3", NodeState.SUSPECT, draining=True, cordoned=True),
-                "n4": node("n4", NodeState.LOST, connected=False)}
+    for n in (node("n1", NodeState.READY), node("n2", NodeState.READY, cordoned=True),
+              node("n3", NodeState.SUSPECT, draining=True, cordoned=True),
+              node("n4", NodeState.LOST, connected=False)):
+        cp.seed(n)
     cp.received.update({"heartbeat": 40, "hello": 4})
     cp.refusals.update({"unauthorized_key": 2})
     cp.failed = 1

@@ -183,12 +183,21 @@ async def test_server_forgets_session_agent_says_hello_again(
 ) -> None:
     net = MemNetwork()
     cp = ControlPlane(config=CONFIG, authorized=auth("node:gpu-a-01"))
+    first = trio.CancelScope()
+
+    async def plane_until_restart() -> None:
+        with first:
+            await run_plane(cp, net)
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_plane, cp, net)
+        nursery.start_soon(plane_until_restart)
         nursery.start_soon(serve_link, SETTINGS, net.connector("node:gpu-a-01"),
                            hooks("gpu-a-01"), outbox())
         await trio.sleep(1)
-        cp.nodes.clear()  # as after a server restart with no memory of the session
+        # A server restart with no memory of the session: a new plane on the same network.
+        first.cancel()
+        cp = ControlPlane(config=CONFIG, authorized=auth("node:gpu-a-01"))
+        nursery.start_soon(run_plane, cp, net)
         await trio.sleep(7)
         assert cp.nodes["gpu-a-01"].state is NodeState.READY
         # On the same connection: a new socket would cost the server a second CURVE

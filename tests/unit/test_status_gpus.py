@@ -72,8 +72,8 @@ def test_a_hostile_command_stays_on_one_bounded_line() -> None:
 
 def test_the_gpus_gauge_counts_by_state_on_nodes_not_lost() -> None:
     cp = ControlPlane(config=ServerConfig())
-    cp.nodes = {"n1": a_node("n1"), "n2": a_node("n2", (gpu(0), gpu(1))),
-                "n3": a_node("n3", state=NodeState.LOST)}
+    for n in (a_node("n1"), a_node("n2", (gpu(0), gpu(1))), a_node("n3", state=NodeState.LOST)):
+        cp.seed(n)
     o = SimpleNamespace(cp=cp, deployments={}, replicas={}, pending={}, holding="", failed_passes=0,
                         on_pass=None,
                         autoscaler=Autoscaler())
@@ -84,7 +84,9 @@ def test_the_gpus_gauge_counts_by_state_on_nodes_not_lost() -> None:
         "healthy": 3, "unhealthy": 1, "releasing": 1, "held": 1}
     # A new inventory is counted at the next scrape; a node gone is forgotten.
     cp.nodes["n2"].inventory = Inventory(gpus=(gpu(0, problems=("lost: GPU is lost",)), gpu(1)))
-    del cp.nodes["n1"]
+    o.cp = ControlPlane(config=ServerConfig())  # the same table without n1
+    for n in (cp.nodes["n2"], cp.nodes["n3"]):
+        o.cp.seed(n)
     s = scrape(m.registry)
     assert at(s, "llmgw_server_gpus", state="unhealthy") == 1
     assert at(s, "llmgw_server_gpus", state="healthy") == 1

@@ -152,8 +152,7 @@ class Ops:
             raise RequestError(f"no node named {clip(node_id, 100)!r}")
         await trio.to_thread.run_sync(
             lambda: self.o.store.set_cordoned(node_id, op.cordoned, draining=op.draining))
-        node = self.o.cp.nodes[node_id]
-        node.cordoned, node.draining = op.cordoned, op.draining
+        self.o.cp.set_cordoned(node_id, op.cordoned, op.draining)
         self.o.mark_node(node_id)
         return {"node": node_id, "cordoned": op.cordoned, "draining": op.draining}
 

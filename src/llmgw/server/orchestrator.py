@@ -103,9 +103,9 @@ class Orchestrator:
         # Nodes known from before a restart get the long first grace period to return.
         for node_id, stored in store.nodes().items():
             self._stored[node_id] = (stored.info, stored.inventory)
-            cp.nodes[node_id] = Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
-                                     now, b"", connected=False, cordoned=stored.cordoned,
-                                     draining=stored.draining, silent_since=now)
+            cp.seed(Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
+                         now, b"", connected=False, cordoned=stored.cordoned,
+                         draining=stored.draining, silent_since=now))
         cp.lost_not_before = now + config.restart_grace
         cp.on_node_change = self._node_changed
         cp.on_tick = self._ticked

@@ -20,7 +20,8 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from attrs import define, evolve, field
@@ -120,7 +121,10 @@ class Node:
 @define
 class ControlPlane:
     config: ServerConfig
-    nodes: dict[str, Node] = field(factory=dict)
+    # The node table, node id -> Node: this object alone adds to it (Hello, seed) and
+    # changes what it says of a node's cordon; others read it through `nodes`.
+    _nodes: dict[str, Node] = field(factory=dict, init=False)
+    _nodes_view: Mapping[str, Node] = field(init=False, repr=False, eq=False)
     # Public keys (z85) currently authorized, with their role and name; messages that
     # arrive over a connection authenticated by any other key are refused.
     authorized: dict[str, KeyInfo] = field(factory=dict)
@@ -152,6 +156,28 @@ class ControlPlane:
     refusals: Counter[str] = field(factory=Counter)
     # Inventories' equal parts, kept once for all nodes (intern.py).
     interner: Interner = field(factory=Interner)
+
+    @_nodes_view.default
+    def _view_of_nodes(self) -> Mapping[str, Node]:
+        return MappingProxyType(self._nodes)
+
+    # ---- the node table ----
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """The node table, node id -> Node, read-only (a live view, not a copy)."""
+        return self._nodes_view
+
+    def seed(self, node: Node) -> None:
+        """Put `node` in the table before its agent is heard (a node the store knows of,
+        after a restart); it replaces any node of its id."""
+        self._nodes[node.node_id] = node
+
+    def set_cordoned(self, node_id: str, cordoned: bool, draining: bool) -> None:
+        """ctl cordon, uncordon, drain: what placement may put on the node, and whether its
+        replicas move away. KeyError when no node has that id."""
+        node = self._nodes[node_id]
+        node.cordoned, node.draining = cordoned, draining
 
     def warn(self, peer: str, what: str, fmt: str, *args: object) -> None:
         self.throttle.log(log, logging.WARNING, (peer, what), fmt, *args)
@@ -203,7 +229,7 @@ class ControlPlane:
             return []
         if isinstance(msg, Hello):
             return self._hello(peer, msg, now)
-        node = self.nodes.get(identity)
+        node = self._nodes.get(identity)
         if node is None or not node.connected or node.key != uid:
             self.refusals["no_session"] += 1
             return [(routing_id, HelloFirst(reason="no session; send Hello"))]
@@ -254,12 +280,12 @@ class ControlPlane:
                       len(msg.engines), MAX_HELLO_ENGINES)
             reason = f"Hello reports {len(msg.engines)} engines; at most {MAX_HELLO_ENGINES}"
             return [(peer.routing_id, Refused(reason=reason))]
-        node = self.nodes.get(claimed)
+        node = self._nodes.get(claimed)
         engines = {r.replica_id: bounded_report(r) for r in msg.engines}
         if node is None:
             node = Node(claimed, msg.node, self.interner.inventory(msg.inventory), NodeState.READY, now,
                         peer.routing_id, shared=True)
-            self.nodes[claimed] = node
+            self._nodes[claimed] = node
             log.info("node %s joined from %s", claimed, msg.node.mgmt_addr)
         else:
             node.info = msg.node
@@ -328,7 +354,7 @@ class ControlPlane:
         """Apply silence to every node; tell `on_tick` which nodes changed state."""
         suspect_after = self.config.heartbeat_interval * self.config.suspect_after_missed
         changed = []
-        for node in self.nodes.values():
+        for node in self._nodes.values():
             node.expire_conflicts(now)
             event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after)
             if event is None:
@@ -347,7 +373,7 @@ class ControlPlane:
         """New set of authorized keys; live sessions of every other key are cut."""
         self.authorized = keys
         out: list[Outgoing] = []
-        for node in self.nodes.values():
+        for node in self._nodes.values():
             if node.connected and node.key not in keys:
                 node.connected = False
                 self.refusals["revoked"] += 1
