@@ -50,6 +50,7 @@ def _plans() -> dict[str, tuple[str, ...]]:
         assert argv[0] == VLLM and argv[1] == "serve", argv
         out[name] = argv[1:]
     out["single-lora"] = _lora_plan().main.argv[1:]
+    out["single-lora-shared"] = _lora_plan(3).main.argv[1:]
     out["single-download"] = _download_plan().main.argv[1:]
     out["single-sleep"] = _sleep_plan(None).main.argv[1:]
     out["mp-rank1-sleep"] = _sleep_plan(1).main.argv[1:]
@@ -70,8 +71,10 @@ def _download_plan() -> LaunchPlan:
                       weights=weights)
 
 
-def _lora_plan() -> LaunchPlan:
-    spec = attrs.evolve(_spec(None), adapters=(Adapter("llama-sql", "/models/sql"),),
+def _lora_plan(n: int = 1) -> LaunchPlan:
+    """`n` adapters on 2 slots: above 2 they share them (--max-cpu-loras n)."""
+    more = tuple(Adapter(f"llama-{i}", f"/models/a{i}") for i in range(1, n))
+    spec = attrs.evolve(_spec(None), adapters=(Adapter("llama-sql", "/models/sql"), *more),
                         max_loras=2, max_lora_rank=32)
     return build_plan(spec, _config("mp"), "/var/lib/llmgw-agent",
                       gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
@@ -116,6 +119,9 @@ def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict])
     assert ray["distributed_executor_backend"] == "ray" and ray["pipeline_parallel_size"] == 2
     lora = parsed["single-lora"]["args"]
     assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 2, 32)
+    assert lora["max_cpu_loras"] is None  # vLLM's default: max_loras
+    shared = parsed["single-lora-shared"]["args"]
+    assert (shared["max_loras"], shared["max_cpu_loras"]) == (2, 3)  # and LoRAConfig takes it
     assert single["enable_lora"] is None  # no adapters: LoRA stays off
     # autoscale.sleep_when_idle: sleep mode on every rank (the workers hold the memory).
     assert parsed["single-sleep"]["args"]["enable_sleep_mode"] is True

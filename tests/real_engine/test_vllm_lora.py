@@ -113,3 +113,30 @@ def test_vllm_serves_adapters_by_name_through_the_router(
 def _engine_port(leader: int) -> int:
     argv = Path(f"/proc/{leader}/cmdline").read_bytes().split(b"\0")
     return int(argv[argv.index(b"--port") + 1])
+
+
+def test_more_adapters_than_slots_are_all_served(
+        cluster: Cluster, vllm_venv: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """Three adapters on one slot (max_loras: 1): vLLM serves each in turn, all kept in
+    host memory (--max-cpu-loras 3, which vLLM's LoRAConfig takes), and `describe
+    deployment` says how they share the slot."""
+    models = node_copy(tiny_model, tmp_path)
+    names = [f"tiny-a{i}" for i in range(3)]
+    paths = [_adapter(tmp_path / "adapters" / n, i) for i, n in enumerate(names)]
+    cluster.up({"cpu-1": vllm_agent(vllm_venv, pcie_box(tmp_path / "smi"), models)})
+    router = _router(cluster)
+    log = engine_log(tmp_path)
+    cluster.apply("tiny", tiny_yaml(extra="max_loras: 1\nadapters:\n" + "".join(
+        f"  - {{name: {n}, path: {p}}}\n" for n, p in zip(names, paths, strict=True))))
+    for n in names:
+        wait_for(lambda n=n: _complete(router, n)[0] == 200, READY_TIMEOUT,
+                 f"{n} served through the router (log: {log})", interval=1.0)
+    for n in [*names, *reversed(names)]:  # each again, after the others had the slot
+        status, answer = _complete(router, n)
+        assert status == 200 and answer["model"] == n, answer
+    (leader,) = leaders(tmp_path)
+    argv = Path(f"/proc/{leader}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--max-loras") + 1] == b"1"
+    assert argv[argv.index(b"--max-cpu-loras") + 1] == b"3"
+    described = cluster.ctl("describe", "deployment", "tiny").stdout
+    assert "LoRA:      3 adapters share 1 LoRA slot per engine (max_loras 1)" in described, described

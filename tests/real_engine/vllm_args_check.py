@@ -32,7 +32,8 @@ import sys
 KEYS = ("model_tag", "host", "port", "served_model_name", "tensor_parallel_size",
         "pipeline_parallel_size", "distributed_executor_backend", "nnodes", "node_rank",
         "master_addr", "master_port", "headless", "max_model_len", "enforce_eager",
-        "enable_lora", "max_loras", "max_lora_rank", "enable_sleep_mode", "download_dir")
+        "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "enable_sleep_mode",
+        "download_dir")
 
 
 def main() -> None:
@@ -59,6 +60,13 @@ def main() -> None:
             with contextlib.redirect_stderr(err):
                 args = parser.parse_args(argv)
                 cmd.validate(args)
+                if args.enable_lora:
+                    # The LoRA limits through vLLM's own LoRAConfig validator (e.g.
+                    # max_cpu_loras >= max_loras), as the engine builds it at start.
+                    from vllm.config.lora import LoRAConfig
+
+                    LoRAConfig(max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
+                               max_cpu_loras=args.max_cpu_loras)
         except SystemExit as exc:
             out.append({"ok": False, "error": f"exit {exc.code}: {err.getvalue().strip()[-2000:]}"})
             continue

@@ -202,7 +202,10 @@ def _events(events: list[dict[str, Any]]) -> list[str]:
 def _describe(d: dict[str, Any]) -> str:
     lines = [f"Name:      {d['name']}", f"Model:     {d['model']} (served as {d['served_name']})",
              f"Engine:    {d['engine']}", f"Replicas:  {d['ready']}/{d['replicas']} ready",
-             f"Status:    {d['status']}", "Spec:"]
+             f"Status:    {d['status']}"]
+    if d.get("lora"):
+        lines.append(f"LoRA:      {d['lora']}")
+    lines.append("Spec:")
     lines += [f"  {k}: {v}" for k, v in d["spec"].items()]
     lines += ["", "Replicas:", _replicas_table(d["replica_list"])]
     for rid, why in d.get("pending", {}).items():

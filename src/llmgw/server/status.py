@@ -10,6 +10,7 @@ from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
 from llmgw.server.placement.fabrics import fabric_view, islands, member_nics
+from llmgw.server.reconcile.adapters import lora_sharing
 from llmgw.server.reconcile.replica_states import BACKING_OFF
 
 if TYPE_CHECKING:
@@ -190,6 +191,8 @@ def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent
         "replica_list": [replica_row(r) for r in mine],
         "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
+        # More adapters than LoRA slots: how they share them (issue 23).
+        **({"lora": sharing} if (sharing := lora_sharing(d)) else {}),
     }
 
 

@@ -119,6 +119,7 @@ def _parser() -> _Parser:
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--max-loras", type=int, default=1)
     p.add_argument("--max-lora-rank", type=int, default=16)
+    p.add_argument("--max-cpu-loras", type=int, default=None)  # vLLM's CPU cache: no effect here
     p.add_argument("--lora-modules", nargs="+", default=())
     p.add_argument("--enable-sleep-mode", action="store_true")
     # SGLang shape
@@ -178,6 +179,10 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
     elif ns.nnodes > 1:
         rdv_host = ns.master_addr or "127.0.0.1"
         rdv_port = ns.master_port or VLLM_DEFAULT_MASTER_PORT
+    if ns.max_cpu_loras is not None and ns.max_cpu_loras < ns.max_loras:
+        # As vLLM's LoRAConfig refuses it (config/lora.py).
+        raise UsageError(f"simengine: max_cpu_loras ({ns.max_cpu_loras}) must be >= "
+                         f"max_loras ({ns.max_loras}).")
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         raise UsageError(f"simengine: node rank {ns.node_rank} is outside nnodes {ns.nnodes}")
 

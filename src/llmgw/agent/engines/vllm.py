@@ -36,11 +36,23 @@ def lora_flags(spec: EngineSpec) -> tuple[str, ...]:
     loaded by the agent once the engine is ready (llmgw.agent.adapters), not named with
     --lora-modules, because vLLM refuses to start when one static adapter fails to load
     (OpenAIServingModels.init_static_loras raises): one bad adapter path would take the
-    base model down with it, where loaded at runtime it is one adapter's error."""
+    base model down with it, where loaded at runtime it is one adapter's error.
+
+    More adapters than --max-loras (the GPU slots, adapters per batch: vLLM's scheduler
+    holds back a request whose adapter would make one more) also get --max-cpu-loras, one
+    per adapter: vLLM's host-memory cache of loaded adapters is max_loras by default
+    (config/lora.py), and its LRU would drop the others, to be read again from their
+    paths whenever asked for (lora/worker_manager.py add_adapter). Host memory only, taken
+    as each adapter is loaded; the GPU slots stay max_loras. Fixed at start, like the
+    rest: adapters added to a running engine beyond it are still served, read again when
+    dropped, until its next start."""
     if not spec.max_loras:
         return ()
-    return ("--enable-lora", "--max-loras", str(spec.max_loras),
-            "--max-lora-rank", str(spec.max_lora_rank))
+    flags: tuple[str, ...] = ("--enable-lora", "--max-loras", str(spec.max_loras),
+                              "--max-lora-rank", str(spec.max_lora_rank))
+    if len(spec.adapters) > spec.max_loras:
+        flags += ("--max-cpu-loras", str(len(spec.adapters)))
+    return flags
 
 
 def _serving(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:

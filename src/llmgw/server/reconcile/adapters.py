@@ -37,9 +37,41 @@ def refresh_adapters(p: Pass, d: Deployment) -> None:
                    "(no restart)")
 
 
+def lora_sharing(d: Deployment) -> str:
+    """How `d`'s adapters share its engines' LoRA slots, when they are more than the slots
+    (max_loras: adapters in one batch, fixed at an engine's start); "" otherwise.
+
+    Slots are per engine, not per node or GPU: each replica's engine has its own, so
+    placement has nothing to count across replicas. More adapters than slots is what
+    multi-LoRA serving is for, not an error: vLLM's scheduler keeps at most max_loras
+    adapters in a batch and holds a request for another until a slot frees; SGLang the
+    same with --max-loras-per-batch (one more, for the base). Every adapter stays loaded
+    in host memory (vLLM with --max-cpu-loras, SGLang by default) and is swapped into a
+    slot when a batch wants it. What an operator must know is the throughput: at most
+    max_loras adapters are served at once per replica."""
+    n, slots = len(d.adapters), d.lora_slots
+    if not slots or n <= slots:
+        return ""
+    how = f"max_loras {slots}" if d.max_loras else f"max_loras unset, {slots} by default"
+    return (f"{n} adapters share {slots} LoRA slot{'s' if slots != 1 else ''} per engine "
+            f"({how}): at most {slots} of "
+            "them in one batch, a request for another waits for a slot; all stay loaded in "
+            "host memory and are swapped in per batch (set max_loras for more slots, each "
+            "taking GPU memory; a change rolls the replicas)")
+
+
 def apply_note(old: Deployment | None, new: Deployment) -> str:
-    """What a change of adapters does, for the "updated" event of an apply; "" when the
-    adapters did not change."""
+    """What a change of adapters does, for the "updated" event of an apply, and how the
+    adapters share the slots where they are more (lora_sharing); "" when the adapters and
+    the slots did not change, or for a new deployment whose adapters fit its slots."""
+    sharing = lora_sharing(new)
+    if old is not None and (old.adapters, old.lora_slots) == (new.adapters, new.lora_slots):
+        sharing = ""
+    change = _change_note(old, new)
+    return "; ".join(x for x in (change, sharing) if x)
+
+
+def _change_note(old: Deployment | None, new: Deployment) -> str:
     if old is None or old.adapters == new.adapters:
         return ""
     what = f"adapters now {_names(new)}"
