@@ -58,7 +58,8 @@ def test_rpm_holds_across_three_routers(cluster: Cluster) -> None:
         for t in threads:
             t.join()
     codes = [r[2].status for r in results]
-    assert set(codes) <= {200, 429}, sorted(set(codes))
+    assert set(codes) <= {200, 429}, [(r[2].status, r[2].body[:300]) for r in results
+                                      if r[2].status not in (200, 429)][:3]
     assert len(results) > 200  # they did hammer
     ok = [r for r in results if r[2].status == 200]
     # Accepted between sending and answering: every window checked on both ends.

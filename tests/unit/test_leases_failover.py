@@ -203,3 +203,24 @@ async def test_rpm_holds_across_a_failover_mid_minute(autojump_clock: trio.abc.C
     assert len(accepted) >= 30  # the limit used in every minute, after the failover too
     assert sum(r.declared for r in routers) >= 1 and leaders.books.adopted >= 10
     assert codes <= {429, 503}
+
+
+async def test_a_new_terms_hold_is_waited_out_whatever_the_asks_transit(
+        autojump_clock: trio.abc.Clock) -> None:
+    """A fresh server's first ask starts its hold; the request that made it waits the hold
+    out and is admitted, not refused 503, when asks take time to reach the server. With
+    transits of 0.3, 0.1 and 0.05 s a wake-up counted from each ask's sending came early by
+    the transit, and the third ask still fell inside the hold (the 503 of a CI run)."""
+    k = ApiKeyRecord("k", hash_secret("s"), "", rpm=10)
+    leaders = Leaders(k)
+    transit = iter([0.3, 0.1, 0.05, 0.02])
+
+    async def slow(op: LeaseOp) -> object:
+        await trio.sleep(next(transit, 0.01))  # to the server; the answer comes back at once
+        return leaders.books.op_lease(Peer(b"", "router", "r0"), op, trio.current_time())
+
+    lim = Limiter(slow)  # type: ignore[arg-type]
+    t0 = trio.current_time()
+    c = await lim.admit(k, 0)  # raises ApiError (503 limits_unavailable) if refused
+    lim.settle(c, 0)
+    assert trio.current_time() - t0 >= leaders.books.hold
