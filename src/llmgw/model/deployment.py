@@ -282,6 +282,9 @@ class Replica:
     # this), and the time it is stopped by even with requests still running.
     drain_since: float = 0.0
     drain_until: float = 0.0
+    # A gang: the path at which every member held a complete copy of the model when it
+    # was placed (GangSpec.weights_path); "": none, or not placed.
+    gang_weights: str = ""
 
     @property
     def placed(self) -> bool:
@@ -331,6 +334,7 @@ class Replica:
                     preflight=d.preflight_mode,
                     preflight_timeout=d.preflight_timeout,
                     preflight_min_busbw=d.preflight_min_busbw,
+                    weights_path=self.gang_weights,
                 )
             out.append(
                 EngineSpec(

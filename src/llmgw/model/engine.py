@@ -55,6 +55,12 @@ class GangSpec:
     preflight: str = ""
     preflight_timeout: float = 60.0
     preflight_min_busbw: float = 0.0
+    # A path at which every member's storage scan, as the server saw them at placement,
+    # held a complete copy of the model (server/placement/gang_weights.py). A Ray gang's
+    # head may start on it although it is local: every worker finds a whole copy there.
+    # The agent uses it only where its own scan holds it complete. "": none (or a server
+    # from before, which does not send the key): only a shared copy qualifies.
+    weights_path: str = ""
 
 
 @frozen

@@ -11,6 +11,7 @@ import typing
 
 import cattrs
 import msgpack
+from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.preconf.msgpack import make_converter
 from cattrs.strategies import configure_tagged_union
 
@@ -18,6 +19,7 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
+from llmgw.model.engine import GangSpec
 from llmgw.transport import messages
 from llmgw.transport.messages import Heartbeat, HeartbeatAck, Message
 from llmgw.transport.requests import Op, op_name
@@ -53,6 +55,11 @@ def _make(*, detailed: bool) -> cattrs.Converter:
     # the one validator of deployments.
     conv.register_unstructure_hook(Deployment, Deployment.plain)
     conv.register_structure_hook(Deployment, lambda v, _: parse_deployment(v, "the request"))
+    # A gang's common copy goes on the wire only when there is one: every other desired
+    # set is byte for byte what it was before the key existed. A spec without it (from a
+    # server before) reads as "" (none), as every defaulted field does.
+    conv.register_unstructure_hook(GangSpec, make_dict_unstructure_fn(
+        GangSpec, conv, weights_path=override(omit_if_default=True)))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv

@@ -19,6 +19,9 @@ served name stays the deployment's (`--served-model-name`), so clients see no di
   (HF_HUB_CACHE; vLLM also `--download-dir`), a cache layout the next scan reads, so the
   node holds the model from then on; a half-written download is never complete there.
 - An absolute path the deployment names: as written (the operator chose it).
+- A Ray gang (its workers open the head's path on every member): a shared copy, or a local
+  one at the path the server saw every member hold complete (GangSpec.weights_path), once
+  this node's own scan confirms it complete there.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def resolve_weights(
     download_dir: str,
     *,
     shared_only: bool = False,
+    gang_path: str = "",
     need_bytes: int = 0,
     free_bytes: int | None = None,
 ) -> Weights:
@@ -83,9 +87,12 @@ def resolve_weights(
 
     Complete copies are taken local first (a local disk reads faster than a filer), then
     in scan order (the operator's model_dirs order). `shared_only`: only a shared copy may
-    be used (a Ray gang: its head's argv is what every member opens). A download whose
-    size is known (`need_bytes` > 0) into a `download_dir` with `free_bytes` less than that
-    raises EngineError with the reason; unknown size or free space: not checked.
+    be used (a Ray gang: its head's argv is what every member opens), or the copy at
+    `gang_path`, the path the server saw every member of the gang hold complete
+    (GangSpec.weights_path), where this node's own scan holds it complete too; where it
+    does not, the rule above, and the reason says why. A download whose size is known
+    (`need_bytes` > 0) into a `download_dir` with `free_bytes` less than that raises
+    EngineError with the reason; unknown size or free space: not checked.
     """
     copies = storage.models if storage is not None else ()
     if _is_path(model):
@@ -94,18 +101,25 @@ def resolve_weights(
             f" ({describe_copy(held)})" if held is not None else "")
         return Weights(arg=model, copy=held, reason=why)
     named = [c for c in copies if c.name == model]
+    note = ""  # why the gang's common copy is not used, when there was one
+    if shared_only and gang_path:
+        here = next((c for c in named if c.path.rstrip("/") == gang_path.rstrip("/")), None)
+        if here is not None and here.complete:
+            return _use(model, here, ", held complete by every member of the gang")
+        note = (f"the copy every member of the gang held at {gang_path} is "
+                + (f"incomplete here ({here.reason})" if here is not None else "not in this node's scan"))
     usable = [c for c in named if c.complete and (c.shared or not shared_only)]
     usable.sort(key=lambda c: c.shared)  # stable: local first, then scan order
     if usable:
-        copy = usable[0]
-        cache = hf_cache_of(copy.path)
-        env = {HF_CACHE_ENV: cache, HF_OFFLINE_ENV: "1"} if cache else {}
-        return Weights(arg=copy.path, env=env, copy=copy, reason=f"{model}: {describe_copy(copy)}")
+        return _use(model, usable[0], f" ({note})" if note else "")
     incomplete = [c for c in named if not c.complete]
     local_held = [c for c in named if c.complete and not c.shared]
-    if local_held:
+    if note:
+        why = f"{model}: {note}"
+    elif local_held:
         why = (f"{model}: the local copy {local_held[0].path} is not used (a Ray gang's members "
-               "open the head's path; only a shared copy qualifies)")
+               "open the head's path; only a shared copy, or a path every member holds "
+               "complete, qualifies)")
     elif incomplete:
         why = f"{model}: the copy at {incomplete[0].path} is incomplete ({incomplete[0].reason})"
     else:
@@ -119,6 +133,12 @@ def resolve_weights(
             f"{_gib(need_bytes)}")
     return Weights(arg=model, env={HF_CACHE_ENV: download_dir}, reason=f"{why}; downloading into "
                    f"{download_dir}", download_dir=download_dir)
+
+
+def _use(model: str, copy: ModelCopy, why: str) -> Weights:
+    cache = hf_cache_of(copy.path)
+    env = {HF_CACHE_ENV: cache, HF_OFFLINE_ENV: "1"} if cache else {}
+    return Weights(arg=copy.path, env=env, copy=copy, reason=f"{model}: {describe_copy(copy)}{why}")
 
 
 def _gib(n: int) -> str:
@@ -137,12 +157,14 @@ def download_dir_of(config: AgentConfig) -> str:
 def weights_for(spec: EngineSpec, config: AgentConfig, storage: StorageReport | None) -> Weights:
     """resolve_weights for one engine spec on this node.
 
-    A multi-node Ray replica takes only a shared copy: `vllm serve` runs on the head alone
-    and its Ray workers open the path it was given, which a local copy on the head is not
-    on the others. The simulated engine takes the same answer, so dev shows what a real
-    engine would get.
+    A multi-node Ray replica takes only a shared copy, or the path the server saw every
+    member hold complete (GangSpec.weights_path): `vllm serve` runs on the head alone and
+    its Ray workers open the path it was given, which a local copy on the head alone is
+    not on the others. The simulated engine takes the same answer, so dev shows what a
+    real engine would get.
     """
     gang = spec.gang
     ray = (spec.engine is EngineKind.VLLM and gang is not None and gang.nnodes > 1
            and config.engines.vllm.launch_mode == "ray")
-    return resolve_weights(spec.model, storage, download_dir_of(config), shared_only=ray)
+    return resolve_weights(spec.model, storage, download_dir_of(config), shared_only=ray,
+                           gang_path=gang.weights_path if ray and gang is not None else "")

@@ -20,6 +20,8 @@ the next engine there shares or resumes) count as its room: a second replica on 
 or a restart mid-download, needs only the rest free, and is not charged the whole size
 again for what the first download already took.
 Holding weights is never required (a download is a valid answer).
+A gang's placement also names the path at which every member holds a complete copy, if
+one does (gang_weights.py): its head may then start on a local copy.
 
 Preference, never a filter, in this order: holding complete weights for the model (for
 a gang, the more members that hold them the better); then NVLink fit of the
@@ -57,6 +59,7 @@ from llmgw.model.engine import EngineKind
 from llmgw.model.gpu_need import memory_need
 from llmgw.model.inventory import Gpu
 from llmgw.server.placement.cluster_view import ClusterView, NodeView, _Group, _Node
+from llmgw.server.placement.gang_weights import gang_weights_path
 from llmgw.server.placement.gpu_pick import pick_gpus
 
 __all__ = ["ClusterView", "NodeView", "Placement", "Unschedulable", "explain", "place"]
@@ -70,6 +73,9 @@ class Placement:
     fabric: str = ""
     holders: int = 0  # members that hold complete weights
     nvlink: int = 0  # members whose GPUs form an NVLink clique
+    # A gang: the path at which every member's scan found a complete copy of the model
+    # (gang_weights.py); "": none, or not a gang.
+    weights_path: str = ""
 
 
 @frozen
@@ -282,6 +288,8 @@ def place(
         fabric=fabric,
         holders=sum(c.holds for c in chosen),
         nvlink=sum(c.nvlink for c in chosen),
+        weights_path=gang_weights_path(d.model, [c.node.view.inventory.storage for c in chosen])
+        if d.nodes > 1 else "",
     )
 
 

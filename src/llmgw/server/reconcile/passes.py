@@ -163,7 +163,7 @@ class Pass:
         """Take `r` off its nodes; its state is the caller's to set."""
         if self.state.indexed:
             self.view.release(r.members)
-        return self.put(evolve(r, members=(), fabric=""))
+        return self.put(evolve(r, members=(), fabric="", gang_weights=""))
 
     def unplace(self, r: Replica) -> Replica:
         """Off its nodes, pending, to be placed again."""
@@ -191,6 +191,7 @@ class Pass:
             E.PLACED,
             members=result.members,
             fabric=result.fabric,
+            gang_weights=result.weights_path,
             generation=self.gen(),
             reason="",
             placed_at=self.now,

@@ -98,6 +98,7 @@ def rebuild(
         reps[rid] = Replica(
             id=rid, deployment=name, index=index, spec=origin, generation=gen,
             members=tuple(_member(n, s, addrs.get(n, "")) for n, s in ms),
+            gang_weights=_gang_weights(ms[0][1]),
             state=next_state(None, ReplicaEvent.ADOPTED),
             reason="adopted: rebuilt from the engine it runs",
             placed_at=now,
@@ -111,6 +112,12 @@ def _index(rid: str, deployment: str) -> int | None:
     prefix = f"{deployment}-"
     tail = rid[len(prefix):] if rid.startswith(prefix) else ""
     return int(tail) if tail.isdigit() and len(tail) < 7 else None
+
+
+def _gang_weights(head: EngineSpec) -> str:
+    """The common copy the head's spec names, kept so the rebuilt specs equal the ones
+    that run."""
+    return head.gang.weights_path if head.gang is not None else ""
 
 
 def _member(node_id: str, s: EngineSpec, addr: str) -> Member:
