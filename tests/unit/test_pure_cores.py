@@ -55,6 +55,8 @@ PURE = [
     "llmgw.model.pcie",
     "llmgw.server.tenants.leases",
     "llmgw.router.wallet",
+    "llmgw.server.tenants.slots",
+    "llmgw.router.slots",
     "llmgw.server.elastic.decide",
     "llmgw.server.elastic.load_board",
     "llmgw.server.placement.preempt",
