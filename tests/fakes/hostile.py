@@ -207,6 +207,9 @@ SAMPLE_OPS: list[tuple[str, dict[str, Any]]] = [
     # The router's ops and the read-only or harmless key ops (issue 24).
     ("loadreport", {"models": {}, "interval": 5.0}), ("keytable", {"since": ""}),
     ("lease", {"key": "k1", "kind": "rpm", "want": 3, "unused": []}),
+    ("lease", {"key": "k1", "kind": "concurrency", "want": 1, "unused": [], "term": "-",
+               "held": [{"key": "k1", "kind": "concurrency", "term": "ab", "grant_id": 2,
+                         "units": 1, "left": 9.5}]}),
     ("usagereport", {"batch_id": "batch-0001", "rows": [
         {"api_key": "k1", "model": "org/a", "hour": 490000, "status": 200, "requests": 1,
          "prompt_tokens": 5, "completion_tokens": 7, "latency_sum": 0.25}]}),

@@ -29,6 +29,7 @@ from llmgw.transport.apikey_ops import (
     ApiKeyListOp,
     ApiKeyRevokeOp,
     ApiKeyUpdateOp,
+    Held,
     KeyTableOp,
     LeaseOp,
     LimitKind,
@@ -61,6 +62,7 @@ OPS: list[requests.Op] = [
     UsageReportOp("batch-0001", (UsageRow("k", "m", 3600, 200, 2, 6, 3, 1.5),)),
     UsageOp("k", "m", 3600.0),
     LeaseOp("k", LimitKind.TPM, 50, (Unused("k", LimitKind.RPM, 3, 1),)),
+    LeaseOp("k", LimitKind.CONCURRENCY, 1, (), "ab", (Held("k", LimitKind.CONCURRENCY, "ab", 2, 1, 9.5),)),
 ]
 
 SAMPLES: list[messages.Message] = [

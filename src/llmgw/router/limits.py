@@ -15,10 +15,22 @@ holds (the estimate is the bound; a prompt with more tokens than bytes / 4 is th
 misses). A request whose estimate alone is over the key's tpm or budget is refused up
 front, not after.
 
-With the server unreachable the router spends the leases it holds, then follows the key's
-`on_server_loss` (logged once): by default rates admit and budgets refuse (503);
-"allow" admits, "deny" refuses, whatever the limit. Concurrency is counted per router (not across
-routers: a key's `concurrency` holds on each router).
+Concurrency is exact across routers too: the server leases slots (server/tenants/slots.py
+has the argument; router/slots.py the router's side). A request starts while the router
+runs fewer of the key's requests than the slots it holds, with no round trip; a router
+that is full asks for more (a twentieth of the concurrency, at least one; one ask per key
+at a time, a refusal kept for a second as for rates: 429 `rate_limit_exceeded`, "concurrent
+requests", Retry-After 1). `keep_terms` renews the slots it holds once a second and gives
+back what it did not use in that second, so an idle router holds none; a router that
+dies holds its slots for at most a ttl (SLOT_TTL, 10 s), then they are free.
+
+With the server unreachable the router spends the leases and slots it holds, then
+follows the key's `on_server_loss` (logged once): by default rates admit, budgets refuse
+(503), and concurrency admits up to the key's concurrency on this router alone (as if it
+were the only router: exact no more, and bounded); "allow" admits, "deny" refuses (503),
+whatever the limit. A server from before slots (it refuses the kind) is not a lost
+server: the router counts concurrency alone, as routers did before slots, and says so
+once; it asks again a minute later.
 
 Across a change of leader (server/tenants/leases.py has the argument): every ask names the
 leader's term the router last heard of. A leader of another term answers `declare`; the
@@ -43,10 +55,11 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from llmgw.errors import LlmgwError
+from llmgw.errors import LlmgwError, ProtocolError, RequestFailedError
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.model.leases import Grant
 from llmgw.router.errors import ApiError
+from llmgw.router.slots import SlotLease, SlotWallet
 from llmgw.router.wallet import Wallet
 from llmgw.transport.apikey_ops import MAX_HELD, NO_TERM, Held, LeaseOp, LeaseResult, LimitKind, Unused
 from llmgw.transport.codec import structure_result
@@ -61,6 +74,7 @@ LOST_FOR = 2.0  # seconds without asks after the server did not answer
 PROBE_EVERY = 1.0  # seconds between asks for nothing while the router holds grants
 MINUTE = 60.0
 HOLD_WAIT = 3.0  # seconds a request waits at most for a new term's hold (limits.py HOLD)
+NO_SLOTS_FOR = 60.0  # seconds a server that refused the slots' kind is not asked again
 
 
 def estimate(body: Mapping[str, Any], body_bytes: int) -> int:
@@ -96,7 +110,7 @@ class _Gate:
     # Until when a refusal is believed, and when the server said units are free again.
     refused_until: dict[LimitKind, tuple[float, float]] = field(factory=dict)
     locks: dict[LimitKind, trio.Lock] = field(factory=dict)
-    running: int = 0
+    slots: SlotWallet = field(factory=SlotWallet)
 
 
 class Limiter:
@@ -112,6 +126,8 @@ class Limiter:
         self._redeclare = False  # a grant of an old term came after the new one's
         self._hold_logged = ""
         self.hold_until = -math.inf  # a new term's hold: asks wait until then
+        self.no_slots_until = -math.inf  # a server from before slots: counted alone until
+        self._no_slots_logged = False
 
     def applies(self, key: ApiKeyRecord) -> bool:
         return bool(key.rpm or key.tpm or key.concurrency or key.budget)
@@ -128,9 +144,13 @@ class Limiter:
         if key.budget and tokens > key.budget.tokens:
             raise quota(key.name, f"one request's estimate ({tokens} tokens) is over the "
                         f"whole budget of {key.budget.tokens}", key.budget.period)
-        if key.concurrency and gate.running >= key.concurrency:
-            raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
         charge = Charge(key, tokens)
+        if key.concurrency:
+            if gate.slots.running >= key.concurrency:  # a limit lowered: at once here too
+                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+            if not gate.slots.start(trio.current_time()):  # the usual case: a slot held
+                await self._slot(gate, key)
+            charge.running = True
         try:
             for kind, units, limit in ((LimitKind.RPM, 1, key.rpm), (LimitKind.TPM, tokens, key.tpm),
                                        (LimitKind.BUDGET, tokens,
@@ -141,10 +161,81 @@ class Limiter:
         except ApiError:
             self._rollback(gate, charge)
             raise
-        if key.concurrency:
-            gate.running += 1
-            charge.running = True
         return charge
+
+    async def _slot(self, gate: _Gate, key: ApiKeyRecord) -> None:
+        """Start a request of `key` on a slot (asking the server for more), or as
+        on_server_loss says while the server is away; else raise ApiError (429)."""
+        sw = gate.slots
+        kind = LimitKind.CONCURRENCY
+        lock = gate.locks.get(kind)
+        if lock is None:
+            lock = gate.locks[kind] = trio.Lock()
+        async with lock:
+            now = trio.current_time()
+            if sw.start(now):  # another request's ask brought some, or one ended
+                return
+            until, _ = gate.refused_until.get(kind, (0.0, 0.0))
+            if now < until:
+                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+            if self.ask is None or now < self.no_slots_until:
+                return self._alone(sw, key)
+            if now < self.lost_until:
+                return self._slot_lost(sw, key)
+            held = sw.held(now)
+            want = min(key.concurrency, max(1, math.ceil(key.concurrency / SLICE))
+                       + max(0, sw.running - held))
+            try:
+                got, sent = await self._lease(key.name, kind, want, give_back=False)
+            except (RequestFailedError, ProtocolError) as exc:  # a server from before slots
+                if not self._no_slots_logged:
+                    log.warning("the server does not lease concurrency slots (%s): each "
+                                "router counts a key's concurrency alone", exc)
+                    self._no_slots_logged = True
+                self.no_slots_until = trio.current_time() + NO_SLOTS_FOR
+                return self._alone(sw, key)
+            except (LlmgwError, trio.TooSlowError, OSError) as exc:
+                self._server_lost(exc)
+                return self._slot_lost(sw, key)
+            if self._lost_logged:
+                log.info("the server grants leases again")
+                self._lost_logged = False
+            if got.hold > 0 or got.declare:
+                raise self._held(key, max(got.hold, 1.0))
+            if got.units <= 0:
+                wait = min(got.retry_after, REFUSAL_KEPT)
+                gate.refused_until[kind] = (sent + wait, sent + wait)
+                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+            if got.term and self.term not in (got.term, NO_TERM):
+                self._redeclare = True
+            elif got.term:
+                self.term = got.term
+            sw.add(SlotLease(got.term, got.grant_id, got.units, sent + got.ttl))
+            if not sw.start(trio.current_time()):
+                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+
+    def _alone(self, sw: SlotWallet, key: ApiKeyRecord) -> None:
+        """Counted on this router alone (no server to ask, or one from before slots)."""
+        if sw.running >= max(key.concurrency, sw.held(trio.current_time())):
+            raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+        sw.started()
+
+    def _slot_lost(self, sw: SlotWallet, key: ApiKeyRecord) -> None:
+        """The server is unreachable and the slots held are taken: on_server_loss."""
+        if key.on_server_loss == "deny":
+            raise ApiError(503, f"The concurrency of API key {key.name} cannot be checked "
+                           "while the control plane is unreachable; try again shortly.",
+                           type_="server_error", code="limits_unavailable", retry_after=5)
+        self._alone(sw, key)
+        self.lost_admits += 1
+
+    def _server_lost(self, exc: BaseException) -> None:
+        if not self._lost_logged:
+            log.warning("cannot ask the server for leases (%s): rate limits admit, budgets "
+                        "refuse, concurrency admits up to each key's on this router alone, "
+                        "until it answers", exc)
+            self._lost_logged = True
+        self.lost_until = trio.current_time() + LOST_FOR
 
     async def _spend(self, gate: _Gate, key: ApiKeyRecord, kind: LimitKind, units: int,
                      limit: int) -> bool:
@@ -174,11 +265,7 @@ class Limiter:
             try:
                 got, sent = await self._lease(key.name, kind, want)
             except (LlmgwError, trio.TooSlowError, OSError) as exc:
-                if not self._lost_logged:
-                    log.warning("cannot ask the server for leases (%s): rate limits admit, "
-                                "budgets refuse, until it answers", exc)
-                    self._lost_logged = True
-                self.lost_until = trio.current_time() + LOST_FOR
+                self._server_lost(exc)
                 return self._lost(key, kind, limit)
             if self._lost_logged:
                 log.info("the server grants leases again")
@@ -198,7 +285,8 @@ class Limiter:
                 return True
             raise self._refusal(key, kind, limit, 1.0)  # fewer than the request needs
 
-    async def _lease(self, name: str, kind: LimitKind, want: int) -> tuple[LeaseResult, float]:
+    async def _lease(self, name: str, kind: LimitKind, want: int,
+                     give_back: bool = True) -> tuple[LeaseResult, float]:
         """Ask for `want` units: the answer and when the ask that got it was sent. A new
         term's `declare` is answered (our grants of other terms, then ask again); its
         `hold` is waited out (at most HOLD_WAIT, then ask again): the request is late
@@ -207,7 +295,8 @@ class Limiter:
             if trio.current_time() < self.hold_until:
                 await trio.sleep_until(self.hold_until)
             sent = trio.current_time()
-            got = await self._ask(LeaseOp(name, kind, want, tuple(self.unused), self.term))
+            got = await self._ask(LeaseOp(name, kind, want, tuple(self.unused) if give_back else (),
+                                          self.term))
             if got.declare:
                 await self._declare()
             elif got.hold > 0:
@@ -255,6 +344,29 @@ class Limiter:
         if held:
             log.info("declared %d grant(s) of earlier terms to the leader's term %s", len(held),
                      self.term)
+        await self._renew_slots()  # the new term adopts the slots of others it is told of
+
+    async def _renew_slots(self) -> None:
+        """Renew the slots held (giving back what was not used since the last time), in ops
+        of their own: a server from before slots refuses them and nothing else."""
+        now = trio.current_time()
+        if now < self.no_slots_until:
+            return
+        mine = [(name, lease, keep) for name, gate in self.gates.items()
+                for lease, keep in gate.slots.renewals(now)]
+        for i in range(0, len(mine), MAX_HELD):
+            chunk = mine[i:i + MAX_HELD]
+            held = tuple(Held(name, LimitKind.CONCURRENCY, lease.term, lease.id, keep,
+                              lease.ends - now) for name, lease, keep in chunk)
+            sent = trio.current_time()
+            got = await self._ask(LeaseOp(held[0].key, LimitKind.CONCURRENCY, 0, (), self.term, held))
+            if got.declare:  # a new term: declare to it (this again, under its name)
+                self._redeclare = True
+                return
+            for (name, lease, _), kept in zip(chunk, got.kept, strict=False):
+                gate = self.gates.get(name)
+                if gate is not None:
+                    gate.slots.renewed(lease, kept, sent, got.ttl)
 
     async def keep_terms(self, every: float = PROBE_EVERY) -> None:
         """While the router holds or remembers grants, ask the leader for nothing every
@@ -267,13 +379,19 @@ class Limiter:
                 continue
             first = next(((name, kind) for name, gate in self.gates.items()
                           for kind, w in gate.wallets.items() if w.remembers(now)), None)
-            if first is None:
-                continue
-            self._give_back_expired(now)
             try:
-                got = await self._ask(LeaseOp(first[0], first[1], 0, tuple(self.unused), self.term))
-                if got.declare or self._redeclare:
+                if any(gate.slots.leases for gate in self.gates.values()):
+                    await self._renew_slots()  # first: what is given back is free sooner
+                if first is not None:
+                    self._give_back_expired(now)
+                    got = await self._ask(LeaseOp(first[0], first[1], 0, tuple(self.unused),
+                                                  self.term))
+                    if got.declare:
+                        self._redeclare = True
+                if self._redeclare:
                     await self._declare()
+            except (RequestFailedError, ProtocolError) as exc:
+                log.debug("lease probe: %s", exc)  # a server from before slots: they lapse
             except (LlmgwError, trio.TooSlowError, OSError) as exc:
                 log.debug("lease probe: %s", exc)  # the asks of requests log the loss
 
@@ -312,7 +430,7 @@ class Limiter:
         if gate is None:
             return
         if charge.running:
-            gate.running -= 1
+            gate.slots.ended()
             charge.running = False
         if used_tokens is None:
             return
@@ -336,6 +454,9 @@ class Limiter:
             if w is not None:
                 w.refund(1 if kind is LimitKind.RPM else charge.tokens, now)
         charge.kinds = []
+        if charge.running:
+            gate.slots.ended()
+            charge.running = False
 
     def _give_back_expired(self, now: float) -> None:
         for name, gate in self.gates.items():

@@ -22,8 +22,9 @@ def tenant_families(table: KeyTable, limiter: Limiter, meter: UsageMeter,
                             "1 while the server does not answer lease asks (keys follow their "
                             "on_server_loss), else 0", value=1 if now < limiter.lost_until else 0)
     yield CounterMetricFamily("llmgw_router_limits_admitted_without_lease",
-                              "Requests admitted on a rate limit while the server could not be "
-                              "asked for a lease", value=limiter.lost_admits)
+                              "Requests admitted on a rate limit or a concurrency while the "
+                              "server could not be asked for a lease or slot",
+                              value=limiter.lost_admits)
     yield GaugeMetricFamily("llmgw_router_usage_unsent",
                             "Requests metered and not yet acknowledged by the server",
                             value=meter.unsent)

@@ -179,6 +179,9 @@ class LimitKind(enum.StrEnum):
     RPM = "rpm"  # requests per minute
     TPM = "tpm"  # tokens per minute
     BUDGET = "budget"  # tokens per the key's budget period
+    # Slots of the key's concurrency (server/tenants/slots.py): only in ops of their own,
+    # which a server from before slots refuses whole (the router then counts alone).
+    CONCURRENCY = "concurrency"
 
 
 # A leader's term as routers see it (server/tenants/limits.py makes them): a router from
@@ -220,7 +223,10 @@ def _seconds(_: object, a: object, value: float) -> None:
 class Held:
     """A grant of another term that a router holds or used (server/tenants/leases.py, adopt):
     `units` of it may occupy the limit; `left`: seconds of use it had left when the router
-    sent this (negative: it ended that long ago)."""
+    sent this (negative: it ended that long ago). In a LeaseOp of kind CONCURRENCY, a slot
+    grant the router holds, of any term: it keeps `units` slots of it (fewer give the rest
+    back, 0 all) and renews it (server/tenants/slots.py); the answer's `kept` says what the
+    server counts of each."""
 
     key: str = field(validator=_name)
     kind: LimitKind
@@ -291,3 +297,6 @@ class LeaseResult:
     term: str = field(default="", validator=_term)  # the leader's term: names the grant
     declare: bool = False  # a new term: declare your grants of others (`held`), then ask
     hold: float = 0.0  # a new term waits this long for declarations: nothing granted yet
+    # Only to an op of kind CONCURRENCY that renews slot grants (`held`), one per grant in
+    # its order: the slots the server counts of it now (0: gone), live for `ttl` more.
+    kept: tuple[int, ...] = ()

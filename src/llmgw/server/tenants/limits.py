@@ -17,6 +17,13 @@ from its first ask, so that every router holding grants can declare them first (
 router's requests that need a lease meanwhile wait for its end: router/limits.py). A router
 from before terms (its op has no `term`) is answered as before, with none of the new
 fields it would refuse.
+
+Concurrency (server/tenants/slots.py): one SlotBook per key with a concurrency. A LeaseOp
+of kind CONCURRENCY asks for `want` slots, and its `held` renews the slot grants the
+router holds (of this term, or of another: adopted), answered with `kept`. Its hold is
+the term's, as for rates. Routers from before slots never send that kind (they count
+concurrency alone); a server from before slots refuses the op, and the router then
+counts alone too (router/limits.py).
 """
 
 from __future__ import annotations
@@ -31,9 +38,13 @@ import trio
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.tenants.leases import LeaseBook
-from llmgw.transport.apikey_ops import NO_TERM, LeaseOp, LimitKind
+from llmgw.server.tenants.slots import SlotBook
+from llmgw.transport.apikey_ops import NO_TERM, Held, LeaseOp, LimitKind
 
 LEASE_TTL = 10.0  # seconds a router may spend a lease
+# Seconds a slot grant lives unless renewed (routers renew about once a second): how long
+# a dead router's slots stay unusable at most.
+SLOT_TTL = 10.0
 MINUTE = 60.0
 NOT_LIVE_RETRY = 60.0  # a revoked or expired key: the router learns it from its key table
 # Seconds a new term grants nothing, from its first ask: routers holding grants of the old
@@ -48,15 +59,19 @@ def limit_of(k: ApiKeyRecord, kind: LimitKind) -> tuple[int, float] | None:
         return (k.rpm, MINUTE) if k.rpm else None
     if kind is LimitKind.TPM:
         return (k.tpm, MINUTE) if k.tpm else None
+    if kind is LimitKind.CONCURRENCY:  # slots, not units in a window: SlotBook
+        return None
     return (k.budget.tokens, k.budget.period) if k.budget else None
 
 
 class LimitBooks:
     def __init__(self, keys: Callable[[], Mapping[str, ApiKeyRecord]], ttl: float = LEASE_TTL,
                  spent: Callable[[str, float], int] | None = None, hold: float = HOLD,
-                 term: str | None = None) -> None:
+                 term: str | None = None, slot_ttl: float = SLOT_TTL) -> None:
         self.keys = keys
         self.ttl = ttl
+        self.slot_ttl = slot_ttl
+        self.slots: dict[str, SlotBook] = {}  # per key with a concurrency
         # Tokens a key used since a time, from the store (blocking: run in a thread).
         self.spent = spent
         self.books: dict[tuple[str, LimitKind], LeaseBook] = {}
@@ -90,6 +105,8 @@ class LimitBooks:
             self.hold_until = now + self.hold
             for made in self.books.values():  # made for routers from before terms
                 made.hold_until = self.hold_until
+            for sb in self.slots.values():
+                sb.hold_until = self.hold_until
         mine = self.term if knows_terms else ""
         for u in op.unused:
             ub = self.books.get((u.key, u.kind))
@@ -97,6 +114,8 @@ class LimitBooks:
                 ub.give_back(u.grant_id, u.units, now, router=peer.identity)
         if knows_terms and op.term not in (NO_TERM, self.term):
             return {"term": self.term, "declare": True}
+        if op.kind is LimitKind.CONCURRENCY:
+            return self._op_slots(peer, op, now)
         for h in op.held if knows_terms else ():
             hk = self.keys().get(h.key)
             hb = self.book(hk, h.kind) if hk is not None and h.term != self.term else None
@@ -114,6 +133,46 @@ class LimitBooks:
         if op.kind is LimitKind.BUDGET and self.spent is not None and self.seeded.get(k.name) != b.window:
             return self._seeded(peer, op, b, now)
         return self._grant(peer, op, b, now)
+
+    def slot_book(self, k: ApiKeyRecord) -> SlotBook | None:
+        if not k.concurrency:
+            self.slots.pop(k.name, None)
+            return None
+        b = self.slots.get(k.name)
+        if b is None:
+            b = self.slots[k.name] = SlotBook(k.concurrency, self.slot_ttl, self.term, self.hold_until)
+        b.limit = k.concurrency  # lowered: holds from the next grant on
+        return b
+
+    def _op_slots(self, peer: Peer, op: LeaseOp, now: float) -> dict[str, Any]:
+        """Renew the slot grants in `held` (answered `kept`, in order), then grant `want`."""
+        result: dict[str, Any] = {}
+        if op.held:
+            result["kept"] = [self._renew(peer, h, now) for h in op.held]
+            result["ttl"] = self.slot_ttl
+        if not op.want:
+            return self._answer(op, result)
+        k = self.keys().get(op.key)
+        if k is None or not k.live(now):
+            self.refused += 1
+            return self._answer(op, {**result, "retry_after": NOT_LIVE_RETRY})
+        b = self.slot_book(k)
+        if b is None:  # no concurrency (any more): as many as asked, not renewed
+            return self._answer(op, {**result, "units": op.want, "ttl": self.slot_ttl})
+        got = b.grant(peer.identity, op.want, now)
+        if got is None:
+            self.refused += 1
+            wait = b.retry_after(now)
+            if now < b.hold_until and op.term:
+                return self._answer(op, {**result, "hold": wait, "retry_after": wait})
+            return self._answer(op, {**result, "retry_after": wait})
+        self.granted += 1
+        return self._answer(op, {**result, "grant_id": got[0], "units": got[1], "ttl": self.slot_ttl})
+
+    def _renew(self, peer: Peer, h: Held, now: float) -> int:
+        k = self.keys().get(h.key)
+        b = self.slot_book(k) if k is not None and k.live(now) and h.kind is LimitKind.CONCURRENCY else None
+        return 0 if b is None else b.renew(peer.identity, h.term, h.grant_id, h.units, now)
 
     def _answer(self, op: LeaseOp, result: dict[str, Any]) -> dict[str, Any]:
         if op.term:
