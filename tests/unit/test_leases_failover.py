@@ -201,7 +201,7 @@ async def test_rpm_holds_across_a_failover_mid_minute(autojump_clock: trio.abc.C
     worst = max(sum(1 for t in accepted if a <= t < a + 60) for a in accepted)
     assert worst <= 10, worst
     assert len(accepted) >= 30  # the limit used in every minute, after the failover too
-    assert sum(r.declared for r in routers) >= 1 and leaders.books.adopted >= 10
+    assert sum(r.leases.declared for r in routers) >= 1 and leaders.books.adopted >= 10
     assert codes <= {429, 503}
 
 

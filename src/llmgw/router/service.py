@@ -476,7 +476,7 @@ async def serve_router(
 ) -> None:
     """Serve until cancelled. `task_status.started((host, port))` gives the bound address."""
     router = Router(config)
-    router.limiter.ask = lease_ask
+    router.limiter.leases.ask = lease_ask
     host, port = _split_bind(config.bind)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)

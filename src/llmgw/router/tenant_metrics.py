@@ -20,7 +20,7 @@ def tenant_families(table: KeyTable, limiter: Limiter, meter: UsageMeter,
                             "none; api_keys_file or no authentication then)", value=len(table.keys))
     yield GaugeMetricFamily("llmgw_router_limits_server_lost",
                             "1 while the server does not answer lease asks (keys follow their "
-                            "on_server_loss), else 0", value=1 if now < limiter.lost_until else 0)
+                            "on_server_loss), else 0", value=1 if now < limiter.leases.lost_until else 0)
     yield CounterMetricFamily("llmgw_router_limits_admitted_without_lease",
                               "Requests admitted on a rate limit or a concurrency while the "
                               "server could not be asked for a lease or slot",

@@ -33,7 +33,7 @@ was declared (its router declared during the hold) and is counted, with this ter
 grants; before the hold ends only the old term's grants occupy, at most L by the old
 book. The assumption, stated: every router holding grants of the old term reaches the new
 leader within the hold (routers probe about once a second while they hold any,
-router/limits.py). A router that does not (it died with the leader, or is cut off from the
+router/leases.py). A router that does not (it died with the leader, or is cut off from the
 new one longer than the hold) can have used at most what the old term granted it and not
 declared; that is the bound on the excess, in the windows ending within ttl + window of
 the change.

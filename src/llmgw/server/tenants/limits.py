@@ -14,7 +14,7 @@ adopted (server/tenants/leases.py says why that keeps the sum exact): a router t
 another term is answered `declare` and nothing else until it asks with its grants of
 other terms (`held`) under this term's name; and the term grants nothing for HOLD seconds
 from its first ask, so that every router holding grants can declare them first (the
-router's requests that need a lease meanwhile wait for its end: router/limits.py). A router
+router's requests that need a lease meanwhile wait for its end: router/leases.py). A router
 from before terms (its op has no `term`) is answered as before, with none of the new
 fields it would refuse.
 
@@ -48,7 +48,7 @@ SLOT_TTL = 10.0
 MINUTE = 60.0
 NOT_LIVE_RETRY = 60.0  # a revoked or expired key: the router learns it from its key table
 # Seconds a new term grants nothing, from its first ask: routers holding grants of the old
-# term probe about once a second (router/limits.py PROBE_EVERY) and reach the new leader
+# term probe about once a second (router/leases.py PROBE_EVERY) and reach the new leader
 # within about a second of its election, each try of an ask bounded at a second.
 HOLD = 2.5
 

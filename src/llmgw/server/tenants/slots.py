@@ -6,7 +6,7 @@ named by the leader's term and an id); a router admits a request while it runs f
 requests than the live slots it holds (router/slots.py), asks for more when it is full,
 and gives back what it did not need in the last second (an idle router holds none). A
 grant lasts `ttl` seconds from its grant or its last renewal; a router renews its grants
-about once a second while it holds them (router/limits.py keep_terms). The book grants
+about once a second while it holds them (router/leases.py keep_terms). The book grants
 only free slots: the slots of its live grants never sum above C.
 
 Why at most C requests run at once on slots (one book): a router counts a grant's ttl
