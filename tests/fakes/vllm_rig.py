@@ -15,7 +15,14 @@ from llmgw.agent import procs
 
 READY_TIMEOUT = 420  # model load on 2 busy cores: 25-130 s seen (--enforce-eager)
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager"]
+# --dtype float32 (the tiny model's own): vLLM 0.32's CPU build otherwise runs it in
+# bfloat16, and on a CPU with AMX its attention kernel (cpu_attention_with_kv_cache) can die
+# with SIGILL on an engine's first forward pass ("Fatal Python error: Illegal instruction";
+# the API server then exits 0): seen here whenever the first request was a short plain
+# completion, and in CI as a scale-from-zero engine that exited 5 s after ready. In
+# float32 it never did (same requests, this machine).
+DTYPE = ["--dtype", "float32"]
+ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager", *DTYPE]
 
 
 def vllm_agent(venv: Path, smi: Path, models: Path | None = None, **extra: Any) -> dict[str, Any]:

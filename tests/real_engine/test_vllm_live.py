@@ -24,14 +24,14 @@ import pytest
 
 from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
-from fakes.vllm_rig import READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
+from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
 from llmgw.agent import procs
 from llmgw.router.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
 
 pytestmark = pytest.mark.real_engine
 
 MODEL = "tiny"
-ENGINE_ARGS = ["--max-model-len", "8192", "--enforce-eager"]
+ENGINE_ARGS = ["--max-model-len", "8192", "--enforce-eager", *DTYPE]
 # The mid-stream disconnect's request: as long as make_model.py's 8,192 positions allow
 # (about 15 s of generation here), so that a router that never passed the close on would
 # be seen running it to its end.
