@@ -16,9 +16,11 @@ line otherwise.
     .venv/bin/python bench/router.py --keys [--seconds 3] [--repeat 5]
 
 Keys mode (issue 24): two routers, keys off and keys on (a key table with one key, rpm
-and tpm limits spent from leases an in-process LimitBooks grants, usage metered and
-sent to a sink that drops it), measured interleaved cell by cell; every request carries
-the key (ignored where keys are off). Prints each cell and the CPU ratio on/off.
+and tpm limits spent from leases an in-process LimitBooks grants, a concurrency limit
+(KEY_CONCURRENCY, above the bench's 64 at once: never refuses) run on slots it leases and
+the router renews, usage metered and sent to a sink that drops it), measured interleaved
+cell by cell; every request carries the key (ignored where keys are off). Prints each cell
+and the CPU ratio on/off.
 
 Burst mode (issue 20): N keep-alive connections opened first, then one streamed chat sent
 on each at the same moment. Prints completed streams, clean refusals (503/429, with
@@ -117,6 +119,9 @@ def run_stub(port: int) -> None:
 
 SECRET = "llmgw-" + "b" * 43  # the bench's API key (keys mode)
 AUTH = b""  # the Authorization header line every request carries (keys mode)
+# The bench key's concurrency: above the most requests the bench runs at once (64), so it
+# never refuses, yet every request starts on a slot and the router renews them each second.
+KEY_CONCURRENCY = 1000
 
 
 def key_sources() -> dict[str, Any]:
@@ -126,8 +131,10 @@ def key_sources() -> dict[str, Any]:
     from llmgw.server.tenants.limits import LimitBooks
 
     table = {"version": "v1", "keys": [{"name": "bench", "sha256": hash_secret(SECRET),
-                                        "rpm": 10**9, "tpm": 10**12}]}
-    rec = ApiKeyRecord("bench", hash_secret(SECRET), "", rpm=10**9, tpm=10**12)
+                                        "rpm": 10**9, "tpm": 10**12,
+                                        "concurrency": KEY_CONCURRENCY}]}
+    rec = ApiKeyRecord("bench", hash_secret(SECRET), "", rpm=10**9, tpm=10**12,
+                       concurrency=KEY_CONCURRENCY)
     books = LimitBooks(lambda: {"bench": rec})
     peer = Peer(b"", "router", "bench")
 
