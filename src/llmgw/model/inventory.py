@@ -131,6 +131,13 @@ class ModelCopy:
     store: str = ""
 
 
+def names_a_path(model: str) -> bool:
+    """True when a deployment's `model` is a path, which an engine opens as written,
+    rather than a hub id that a copy or a download stands for (the agent's weights, the
+    server's placement: one rule for both)."""
+    return model.startswith(("/", "./", "../", "~"))
+
+
 @frozen
 class StorageReport:
     """`asked` false: `model_dirs` unset; ranks exactly like asked-and-found-nothing."""

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from llmgw.errors import LlmgwError, ProtocolError, RequestFailedError
+from llmgw.errors import LlmgwError
 from llmgw.router.slots import SlotWallet
 from llmgw.router.wallet import Wallet
 from llmgw.transport.apikey_ops import MAX_HELD, NO_TERM, Held, LeaseOp, LeaseResult, LimitKind, Unused
@@ -202,10 +202,10 @@ class Leases:
                         self._redeclare = True
                 if self._redeclare:
                     await self._declare()
-            except (RequestFailedError, ProtocolError) as exc:
-                log.debug("lease probe: %s", exc)  # a server from before slots: they lapse
             except (LlmgwError, trio.TooSlowError, OSError) as exc:
-                log.debug("lease probe: %s", exc)  # the asks of requests log the loss
+                # The asks of requests log a lost server; a server from before slots
+                # refuses their renewals, and they lapse.
+                log.debug("lease probe: %s", exc)
 
     def give_back_expired(self, now: float) -> None:
         for name, gate in self.gates.items():

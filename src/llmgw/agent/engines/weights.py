@@ -33,7 +33,7 @@ from attrs import field, frozen
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import EngineError
 from llmgw.model.engine import EngineKind, EngineSpec
-from llmgw.model.inventory import ModelCopy, StorageReport
+from llmgw.model.inventory import ModelCopy, StorageReport, names_a_path
 
 HF_CACHE_ENV = "HF_HUB_CACHE"
 HF_OFFLINE_ENV = "HF_HUB_OFFLINE"
@@ -69,10 +69,6 @@ def describe_copy(copy: ModelCopy) -> str:
     return where + (f" (store {copy.store})" if copy.shared and copy.store else "")
 
 
-def _is_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~"))
-
-
 def resolve_weights(
     model: str,
     storage: StorageReport | None,
@@ -95,7 +91,7 @@ def resolve_weights(
     EngineError with the reason; unknown size or free space: not checked.
     """
     copies = storage.models if storage is not None else ()
-    if _is_path(model):
+    if names_a_path(model):
         held = next((c for c in copies if c.path.rstrip("/") == model.rstrip("/")), None)
         why = f"{model}: the path the deployment names" + (
             f" ({describe_copy(held)})" if held is not None else "")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmgw.model.inventory import ModelCopy, StorageReport
+from llmgw.model.inventory import ModelCopy, StorageReport, names_a_path
 
 
 def _complete(model: str, storage: StorageReport) -> dict[str, ModelCopy]:
@@ -37,7 +37,7 @@ def gang_weights_path(model: str, members: Sequence[StorageReport | None]) -> st
     Of several such paths: those local on every member first (a local disk reads faster
     than a filer), then by how few members see it on shared storage, then in the head's
     scan order (the operator's model_dirs order)."""
-    if not members or model.startswith(("/", "./", "../", "~")):
+    if not members or names_a_path(model):
         return ""
     held: list[dict[str, ModelCopy]] = []
     for storage in members:

@@ -57,7 +57,7 @@ from llmgw.model.deployment import (
 )
 from llmgw.model.engine import EngineKind
 from llmgw.model.gpu_need import memory_need
-from llmgw.model.inventory import Gpu
+from llmgw.model.inventory import Gpu, names_a_path
 from llmgw.server.placement.cluster_view import ClusterView, NodeView, _Group, _Node
 from llmgw.server.placement.gang_weights import gang_weights_path
 from llmgw.server.placement.gpu_pick import pick_gpus
@@ -152,12 +152,11 @@ def _download_need(view: ClusterView, d: Deployment) -> int:
     """Bytes a node without a copy must have free in download_dir for `d`'s model: its
     size where a node holds a complete copy; 0 (not checked) when unknown, or for a path
     (an engine given a path opens it, it downloads nothing)."""
-    if d.model.startswith(_PATH_PREFIXES):
+    if names_a_path(d.model):
         return 0
     return view.model_size(d.model)
 
 
-_PATH_PREFIXES = ("/", "./", "../", "~")  # as agent/engines/weights.py tells a path
 
 
 def download_room(need: int, free: int, held: int) -> int:
