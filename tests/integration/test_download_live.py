@@ -33,11 +33,9 @@ def _sparse_model(root: Path, name: str, size: int) -> None:
         f.truncate(size)  # a hole: its size, none of the disk
 
 
-def test_a_node_short_of_space_is_refused_with_the_reason(cluster: Cluster, tmp_path: Path) -> None:
-    if os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize >= TIB:
-        pytest.skip("a file system with a TiB free: the copy below would fit")
-    models = tmp_path / "models"
-    _sparse_model(models, "org/big", TIB)
+def _big_on_two_nodes(cluster: Cluster, tmp_path: Path, models: Path) -> None:
+    """n1 holds org/big under `models` (download_dir dl1), n2 holds nothing (dl2); two
+    replicas of it applied."""
     cluster.start_server()
     cluster.start_agent("n1", discovery={"nvidia_smi": str(_idle_gpu(tmp_path / "smi1"))},
                         model_dirs=[str(models)], download_dir=str(tmp_path / "dl1"))
@@ -47,6 +45,14 @@ def test_a_node_short_of_space_is_refused_with_the_reason(cluster: Cluster, tmp_
     dep = tmp_path / "big.yaml"
     dep.write_text("name: big\nmodel: org/big\nengine: simulated\ngpus_per_node: 1\nreplicas: 2\n")
     assert cluster.ctl("apply", "-f", str(dep)).returncode == 0
+
+
+def test_a_node_short_of_space_is_refused_with_the_reason(cluster: Cluster, tmp_path: Path) -> None:
+    if os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize >= TIB:
+        pytest.skip("a file system with a TiB free: the copy below would fit")
+    models = tmp_path / "models"
+    _sparse_model(models, "org/big", TIB)
+    _big_on_two_nodes(cluster, tmp_path, models)
     want = f"n2: download_dir {tmp_path / 'dl2'} has "  # the whole path, for the operator
 
     def refused() -> str | None:
@@ -74,15 +80,7 @@ def test_a_download_under_way_there_is_room_of_its_own(cluster: Cluster, tmp_pat
     blobs.mkdir(parents=True)
     with open(blobs / "abc.incomplete", "wb") as f:
         f.truncate(TIB - free // 2)  # a hole: the rest is half of what is free
-    cluster.start_server()
-    cluster.start_agent("n1", discovery={"nvidia_smi": str(_idle_gpu(tmp_path / "smi1"))},
-                        model_dirs=[str(models)], download_dir=str(tmp_path / "dl1"))
-    cluster.start_agent("n2", discovery={"nvidia_smi": str(_idle_gpu(tmp_path / "smi2"))},
-                        download_dir=str(tmp_path / "dl2"))
-    cluster.wait_states({"n1": "ready", "n2": "ready"})
-    dep = tmp_path / "big.yaml"
-    dep.write_text("name: big\nmodel: org/big\nengine: simulated\ngpus_per_node: 1\nreplicas: 2\n")
-    assert cluster.ctl("apply", "-f", str(dep)).returncode == 0
+    _big_on_two_nodes(cluster, tmp_path, models)
 
     def placed() -> list[str] | None:
         nodes = sorted(m for r in cluster.status()["replicas"] for m in r["nodes"])
