@@ -142,7 +142,7 @@ def stream(port: int, tokens: int) -> dict[str, Any]:
             if not first and b'"text":' in buf:
                 first = time.monotonic()
     _, _, rest = buf.partition(b"\r\n\r\n")
-    ok = b'"finish_reason": "length"' in rest and b"data: [DONE]" in rest and b'"error"' not in rest
+    ok = b'"finish_reason":"length"' in rest and b"data: [DONE]" in rest and b'"error"' not in rest
     return {"done": ok and rest.count(b'"text":') >= tokens, "t0": t0, "first": first,
             "end": time.monotonic(), "body": rest[-200:]}
 

@@ -109,7 +109,7 @@ def stream(port: int, tokens: int, on_first: Callable[[], None] = lambda: None) 
     head, _, rest = buf.partition(b"\r\n\r\n")
     events = rest.count(b'"text":')
     # The whole answer: every token, the chunk with its finish_reason, then [DONE].
-    ok = (head.startswith(b"HTTP/1.1 200") and b'"finish_reason": "length"' in rest
+    ok = (head.startswith(b"HTTP/1.1 200") and b'"finish_reason":"length"' in rest
           and b"data: [DONE]" in rest and b'"error"' not in rest)
     return {"done": ok and events >= tokens, "why": "" if ok else "incomplete",
             "events": events, "body": rest[-300:],

@@ -291,7 +291,7 @@ async def test_http_framing_follows_llmgw_http1(engine: SimEngineProcess) -> Non
     # Two requests pipelined on one connection, the second asking to close: both answered.
     two = await _raw(engine.port, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
                      b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-    assert two.count(b"HTTP/1.1 200 ") == 2 and b'"object": "list"' in two
+    assert two.count(b"HTTP/1.1 200 ") == 2 and b'"object":"list"' in two
     # HEAD: the head only.
     head_only = await _raw(engine.port, b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
     assert head_only.startswith(b"HTTP/1.1 ") and head_only.endswith(b"\r\n\r\n")

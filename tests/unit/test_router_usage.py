@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from llmgw.cli import build_parser
 from llmgw.ctl import usage as ctl_usage
 from llmgw.model.usage import UsageRow
-from llmgw.router.usage import UsageMeter, UsageTap, with_usage
+from llmgw.router.usage import UsageMeter, UsageTap, read_usage, with_usage
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.store.sql import Store
 from llmgw.server.tenants.apikeys import ApiKeys
@@ -76,6 +76,66 @@ def test_plain_answer_usage_from_its_tail() -> None:
     junk.feed(b'{"usage": {"prompt_tokens": -1}}')
     junk.done()
     assert not junk.seen
+
+
+COUNT = st.integers(0, 10**9)
+DETAILS = st.one_of(st.none(), st.fixed_dictionaries({"cached_tokens": COUNT}),
+                    st.fixed_dictionaries({"cached_tokens": COUNT,
+                                           "multimodal_tokens": st.dictionaries(
+                                               st.sampled_from(["image", "audio"]), COUNT)}))
+
+
+@st.composite
+def usage_objects(draw: st.DrawFn) -> tuple[dict[str, Any], int, int]:
+    """A usage object as an engine may write it: vLLM's and SGLang's field order (prompt,
+    total, completion, details), OpenAI's (prompt, completion, total), or any other, with
+    details that are objects (vLLM --enable-prompt-tokens-details, SGLang
+    --enable-cache-report) or null."""
+    p, c = draw(COUNT), draw(COUNT)
+    fields: list[tuple[str, Any]] = [("prompt_tokens", p), ("total_tokens", p + c),
+                                     ("completion_tokens", c)]
+    order = draw(st.sampled_from(["engines", "openai", "shuffled"]))
+    if order == "openai":
+        fields = [fields[0], fields[2], fields[1]]
+    elif order == "shuffled":
+        fields = draw(st.permutations(fields))
+    for name in ("prompt_tokens_details", "completion_tokens_details"):
+        if draw(st.booleans()):
+            fields.append((name, draw(DETAILS)))
+    return dict(fields), p, c
+
+
+@given(usage_objects(), st.sampled_from([None, (",", ":")]), st.booleans())
+def test_usage_is_read_whatever_its_order_spacing_and_details(
+        got: tuple[dict[str, Any], int, int], separators: tuple[str, str] | None,
+        chunk_of_events: bool) -> None:
+    usage, p, c = got
+    answer = {"id": "x", "choices": [{"index": 0, "text": "usage"}], "usage": usage,
+              "kv_transfer_params": None}
+    body = json.dumps(answer, separators=separators).encode()
+    assert read_usage(body, body.rfind(b'"usage"')) == (p, c)
+    plain = UsageTap(False)
+    plain.feed(body)
+    plain.done()
+    assert (plain.prompt, plain.completion, plain.seen) == (p, c, True)
+    # A stream's usage event, with details that are objects too: read, and taken out
+    # (alone in its chunk, or with the event before it in one chunk).
+    ev = b"data: " + json.dumps({"choices": [], "usage": usage}, separators=separators).encode() + b"\n\n"
+    wire = (TOKENS[0] + b"%x\r\n%s\r\n" % (len(ev), ev) if not chunk_of_events else
+            b"%x\r\n%s\r\n" % (len(ev) + 15, b'data: {"a":1}\n\n' + ev)) + DONE
+    tap = UsageTap(True, True)
+    out = relay(tap, wire, [])
+    assert (tap.prompt, tap.completion, tap.seen) == (p, c, True)
+    assert b'"usage"' not in out and out.endswith(DONE)
+
+
+def test_usage_that_is_not_counts_is_not_read() -> None:
+    for bad in (b'"usage":{"prompt_tokens":-1}', b'"usage":{"prompt_tokens":1.5}',
+                b'"usage":{"prompt_tokens":true}', b'"usage":[1,2]', b'"usage":{"prompt_to',
+                b'"usage":' + b"[" * 100_000, b'"usage":{"prompt_tokens":"3"}'):
+        assert read_usage(bad, 0) is None, bad
+    # vLLM's completion_tokens may be null: none completed.
+    assert read_usage(b'"usage":{"prompt_tokens":4,"completion_tokens":null}', 0) == (4, 0)
 
 
 def test_with_usage() -> None:

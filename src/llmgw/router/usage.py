@@ -29,21 +29,50 @@ from llmgw.model.usage import HOUR, UsageRow
 TAIL = 4096  # bytes of a plain answer kept to find its usage in
 HOLD_MAX = 65536  # a stream's chunk larger than this is not held whole
 MAX_ROWS = 4000  # rows per batch (a message's lists hold at most 4096 items)
-_USAGE = re.compile(rb'"usage"\s*:\s*(\{[^{}]*\})')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
-# Counts in a plain answer's usage object, read without parsing the JSON (this runs on
-# every metered answer): digits only, so a negative or fractional count is not read.
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,15})\s*[,}]')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,15})\s*[,}]')
+# The usage object as vLLM and SGLang write it (their UsageInfo: prompt_tokens,
+# total_tokens, completion_tokens, then details; compact, or with json.dumps' spaces),
+# read without parsing JSON: this runs on every metered answer (a few µs less than the
+# parse). Anything else is parsed (`read_usage`). Digits only: a negative or fractional
+# count is not read here.
+_USUAL = re.compile(rb'"usage": ?\{"prompt_tokens": ?(\d{1,15}), ?"total_tokens": ?\d{1,15}, ?'
+                    rb'"completion_tokens": ?(\d{1,15})[,}]')
+# OpenAI's own order (prompt, completion, total), which other servers copy.
+_OPENAI = re.compile(rb'"usage": ?\{"prompt_tokens": ?(\d{1,15}), ?"completion_tokens": ?'
+                     rb'(\d{1,15}), ?"total_tokens": ?\d{1,15}[,}]')
+_KEY = re.compile(rb'"usage"\s*:\s*')
+_DECODER = json.JSONDecoder()
 
 
 def _tokens(obj: Any) -> tuple[int, int] | None:
     if not isinstance(obj, dict):
         return None
     p, c = obj.get("prompt_tokens", 0), obj.get("completion_tokens", 0)
+    if c is None:  # vLLM's completion_tokens may be null (an answer that completes nothing)
+        c = 0
     if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return p, c
+
+
+def read_usage(buf: bytes, at: int) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of the usage object whose `"usage"` key starts at `at`
+    in `buf`, or None. Its details may be objects (vLLM's `prompt_tokens_details` with
+    --enable-prompt-tokens-details, SGLang's with --enable-cache-report, either's
+    `completion_tokens_details`): what is not in the usual order is parsed as JSON, the
+    object alone (bounded by `buf`)."""
+    m = _USUAL.match(buf, at) or _OPENAI.match(buf, at)
+    if m is not None:
+        p, c = m.groups()
+        return int(p), int(c)
+    m = _KEY.match(buf, at)
+    if m is None:
+        return None
+    try:
+        obj, _ = _DECODER.raw_decode(buf[m.end():].decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    return _tokens(obj)
 
 
 class UsageTap:
@@ -53,7 +82,7 @@ class UsageTap:
     __slots__ = ("strip", "stream", "chunked", "prompt", "completion", "seen", "_tail", "_held",
                  "_pass")
 
-    def __init__(self, *, stream: bool, strip: bool = False) -> None:
+    def __init__(self, stream: bool, strip: bool = False) -> None:
         self.stream = stream
         self.strip = strip
         self.chunked = False  # set by the relay when the engine's answer is chunked
@@ -67,7 +96,8 @@ class UsageTap:
     def feed(self, data: bytes) -> bytes:
         """What to send on of `data` (the engine's bytes, as the relay would send them)."""
         if not (self.stream and self.chunked):
-            self._tail = (self._tail + data)[-TAIL:]
+            tail = self._tail  # usually empty: a plain answer comes in one read
+            self._tail = (tail + data)[-TAIL:] if tail else data[-TAIL:]
             return data
         return self._chunks(data)
 
@@ -129,13 +159,7 @@ class UsageTap:
 
     def _event(self, payload: bytes) -> bool:
         """Read a stream event's usage; True when it is the usage-only event."""
-        m = _USAGE.search(payload)
-        if m is None:
-            return False
-        try:
-            got = _tokens(json.loads(m.group(1)))
-        except ValueError:
-            return False
+        got = read_usage(payload, payload.rfind(b'"usage"'))
         if got is None:
             return False
         self.prompt, self.completion = got
@@ -148,13 +172,9 @@ class UsageTap:
             return
         tail = self._tail
         at = tail.rfind(b'"usage"')  # the last one: a prompt may mention "usage" too
-        m = _USAGE.match(tail, at) if at >= 0 else None
-        if m is None:
-            return
-        obj = m.group(1)
-        p, c = _PROMPT.search(obj), _COMPLETION.search(obj)
-        if p is not None:  # prompt_tokens is always there; an embedding has no completion
-            self.prompt, self.completion = int(p.group(1)), int(c.group(1)) if c else 0
+        got = read_usage(tail, at) if at >= 0 else None
+        if got is not None:
+            self.prompt, self.completion = got
             self.seen = True
 
 

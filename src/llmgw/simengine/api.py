@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from llmgw.simengine.args import SimArgs
-from llmgw.simengine.http import Exchange, error_body
+from llmgw.simengine.http import COMPACT, Exchange, error_body
 
 log = logging.getLogger("llmgw.simengine")
 
@@ -389,7 +389,7 @@ class SimEngine:
     ) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+        def chunk(choice: dict[str, Any], usage: dict[str, int | None] | None = None) -> bytes:
             payload: dict[str, Any] = {
                 "id": rid,
                 "object": obj,
@@ -399,7 +399,7 @@ class SimEngine:
             }
             if usage is not None:
                 payload["usage"] = usage
-            return b"data: " + json.dumps(payload).encode() + b"\n\n"
+            return b"data: " + json.dumps(payload, separators=COMPACT).encode() + b"\n\n"
 
         def choice(text: str | None, finish_reason: str | None) -> dict[str, Any]:
             if chat:
@@ -454,9 +454,11 @@ def _query(target: str, *, every: bool = False) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _usage(prompt_tokens: int, n: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, n: int) -> dict[str, int | None]:
+    """vLLM's UsageInfo, its fields in its order (a router reads them as they come)."""
     return {
         "prompt_tokens": prompt_tokens,
-        "completion_tokens": n,
         "total_tokens": prompt_tokens + n,
+        "completion_tokens": n,
+        "prompt_tokens_details": None,
     }

@@ -21,6 +21,9 @@ import trio
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import Request, RequestParser
 
+# JSON as vLLM's server writes it (Starlette's JSONResponse and pydantic): no spaces.
+COMPACT = (",", ":")
+
 log = logging.getLogger("llmgw.simengine")
 
 MAX_BODY = 16 * 1024 * 1024
@@ -93,7 +96,8 @@ class Exchange:
         await self.end()
 
     async def send_json(self, status: int, obj: Any) -> None:
-        await self.send_bytes(status, "application/json", json.dumps(obj).encode())
+        await self.send_bytes(status, "application/json",
+                              json.dumps(obj, separators=COMPACT, ensure_ascii=False).encode())
 
 
 Handler = Callable[[Exchange], Awaitable[None]]
