@@ -102,12 +102,19 @@ class UsageTap:
         return self._chunks(data)
 
     def _chunks(self, data: bytes) -> bytes:
-        if not self._held and not self._pass and data.endswith(b"\n\n\r\n") \
-                and b'"usage"' not in data:
-            # Whole events and none with usage (most reads): on as they are. An event is
-            # `data: <JSON>\n\n` and JSON holds no raw line break, so this end is a
-            # chunk's end.
-            return data
+        if not self._pass:
+            buf = self._held + data if self._held else data
+            if b'"usage"' not in buf:
+                # No usage event (most reads): on as they are, up to the end of the last
+                # whole chunk; the rest is held until whole. An event is `data: <JSON>\n\n`
+                # and JSON holds no raw line break, so `\n\n\r\n` is a chunk's end.
+                cut = buf.rfind(b"\n\n\r\n") + 4
+                if cut == len(buf):
+                    self._held = b""
+                    return buf
+                if cut > 3 and len(buf) - cut <= HOLD_MAX:
+                    self._held = buf[cut:]
+                    return buf[:cut]
         out = bytearray()
         if self._pass:
             take = min(self._pass, len(data))
@@ -115,7 +122,9 @@ class UsageTap:
             self._pass -= take
             data = data[take:]
         buf = self._held + data if self._held else data
-        pos = 0
+        # Walk the chunk heads only; the bytes from `start` go on as they are, up to a
+        # chunk that holds a usage event (one a stream, in a read with many others).
+        pos = start = 0
         n = len(buf)
         while pos < n:
             nl = buf.find(b"\r\n", pos)
@@ -124,26 +133,23 @@ class UsageTap:
             try:
                 size = int(buf[pos:nl].split(b";", 1)[0], 16)
             except ValueError:  # the relay's reader checks the framing: not reached
-                out += buf[pos:]
                 pos = n
                 break
             end = nl + 2 + size + 2
             if end > n:
                 if end - pos > HOLD_MAX:  # too big to hold: on as it comes
-                    out += buf[pos:]
                     self._pass = end - n
                     pos = n
                 break
-            payload = buf[nl + 2:nl + 2 + size]
-            if b'"usage"' in payload:
-                kept = self._events(payload)
+            if buf.find(b'"usage"', nl + 2, end - 2) >= 0:
+                kept = self._events(buf[nl + 2:end - 2])
                 if kept is not None:  # the usage event taken out of the chunk
+                    out += buf[start:pos]
                     if kept:
                         out += b"%x\r\n%s\r\n" % (len(kept), kept)
-                    pos = end
-                    continue
-            out += buf[pos:end]
+                    start = end
             pos = end
+        out += buf[start:pos]
         self._held = buf[pos:]
         return bytes(out)
 
