@@ -16,7 +16,7 @@ from llmgw.router.errors import ApiError
 from llmgw.router.limits import DEFAULT_MAX_TOKENS, Limiter, estimate
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.tenants.limits import LimitBooks
-from llmgw.transport.apikey_ops import LeaseOp
+from llmgw.transport.apikey_ops import LeaseOp, LimitKind
 
 
 def key(**kw: Any) -> ApiKeyRecord:
@@ -160,3 +160,33 @@ async def test_on_server_loss_per_key(autojump_clock: trio.abc.Clock) -> None:
     assert refused.value.status == 503 and refused.value.code == "limits_unavailable"
     lim.settle(await lim.admit(allow, 10), 10)  # a budget, but this key says allow
     assert lim.lost_admits == 1
+
+
+async def test_the_fast_path_takes_all_of_a_request_or_nothing(autojump_clock: trio.abc.Clock) -> None:
+    """admit_now (no await) admits on what the router holds; a request one wallet cannot
+    cover takes nothing (the rpm unit and the slot it took go back) and is left to
+    `admit`; a new record of the key (the table changed) is `admit`'s too, once."""
+    k = key(rpm=1000, tpm=2000, concurrency=10)
+    server = Server(k)
+    lim = Limiter(server.asker("r0"))
+    now = trio.current_time
+    assert lim.admit_now(k, 10, now()) is None  # a key not seen yet: admit
+    lim.settle(await lim.admit(k, 10), 10)  # leases: 50 requests and 100 tokens (a 20th)
+    gate = lim.gates["k"]
+    rpm, tpm = (gate.wallets[kind] for kind in (LimitKind.RPM, LimitKind.TPM))
+    held = (rpm.available(now()), tpm.available(now()), gate.slots.running)
+    c = lim.admit_now(k, 30, now())
+    assert c is not None and server.asks == 3  # no ask: rpm, tpm and a slot were held
+    assert (rpm.available(now()), tpm.available(now())) == (held[0] - 1, held[1] - 30)
+    lim.settle(c, 5, now())  # 25 tokens back; the slot back
+    assert (tpm.available(now()), gate.slots.running) == (held[1] - 5, 0)
+    assert lim.admit_now(k, held[1], now()) is None  # tpm holds 5 fewer: nothing taken
+    assert (rpm.available(now()), tpm.available(now()), gate.slots.running) == \
+        (held[0] - 1, held[1] - 5, 0)
+    assert lim.admit_now(k, 2001, now()) is None  # over the key's tpm: admit refuses it
+    with pytest.raises(ApiError):
+        await lim.admit(k, 2001)
+    k2 = key(rpm=1000, tpm=2000, concurrency=10, models=("m",))  # the table changed
+    assert lim.admit_now(k2, 1, now()) is None
+    lim.settle(await lim.admit(k2, 1), 1)
+    assert lim.admit_now(k2, 1, now()) is not None

@@ -36,11 +36,8 @@ class KeyTable:
         self.version = ""
         self.received = False  # a table came from the server at least once
         self.keys: dict[str, ApiKeyRecord] = {}  # sha256 hex -> key
+        self.in_use = False  # the table has a key (read on every request: not a property)
         self._cache: dict[bytes, ApiKeyRecord | None] = {}
-
-    @property
-    def in_use(self) -> bool:
-        return bool(self.keys)
 
     def apply(self, snapshot: Mapping[str, Any]) -> bool:
         """Take the server's answer (peer input: a malformed one raises ProtocolError and
@@ -56,15 +53,18 @@ class KeyTable:
                                           expires=e.expires, revoked=e.revoked,
                                           on_server_loss=e.on_server_loss)
         self.keys = keys
+        self.in_use = bool(keys)
         self._cache = {}
         self.version = snap.version
         return True
 
     def check(self, authorization: bytes | None, now: float) -> tuple[ApiKeyRecord | None, str]:
         """The key of an Authorization header value, or None and what to tell the client."""
+        key = self._cache.get(authorization) if authorization else None
+        if key is not None and key.live(now):
+            return key, ""  # the usual case: a key seen before, live
         if not authorization:
             return None, "Missing API key: send Authorization: Bearer <key>."
-        key = self._cache.get(authorization)
         if key is None and authorization not in self._cache:
             scheme, _, token = authorization.partition(b" ")
             if scheme.lower() == b"bearer" and token.strip():

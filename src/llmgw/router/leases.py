@@ -28,6 +28,7 @@ import trio
 from attrs import define, field
 
 from llmgw.errors import LlmgwError
+from llmgw.model.apikey import ApiKeyRecord
 from llmgw.router.slots import SlotWallet
 from llmgw.router.wallet import Wallet
 from llmgw.transport.apikey_ops import MAX_HELD, NO_TERM, Held, LeaseOp, LeaseResult, LimitKind, Unused
@@ -51,6 +52,12 @@ class Gate:
     refused_until: dict[LimitKind, tuple[float, float]] = field(factory=dict)
     locks: dict[LimitKind, trio.Lock] = field(factory=dict)
     slots: SlotWallet = field(factory=SlotWallet)
+    # Admission's plan for the key record it was made for (router/limits.py `_plan`): per
+    # limit (kind, wallet, charged per token, limit), and (wallet, per token) alone.
+    plan_key: ApiKeyRecord | None = None
+    plan: tuple[tuple[LimitKind, Wallet, bool, int], ...] = ()
+    plan_spent: tuple[tuple[Wallet, bool], ...] = ()
+    plan_most: float = math.inf  # the most tokens one request may be charged
 
 
 class Leases:

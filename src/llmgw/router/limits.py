@@ -43,7 +43,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import trio
-from attrs import define, field
 
 from llmgw.errors import LlmgwError, ProtocolError, RequestFailedError
 from llmgw.model.apikey import ApiKeyRecord
@@ -82,12 +81,17 @@ def quota(key: str, detail: str, retry: float) -> ApiError:
                     retry_after=max(1, math.ceil(retry)))
 
 
-@define
 class Charge:
-    key: ApiKeyRecord
-    tokens: int = 0  # charged to tpm and budget wallets
-    kinds: list[LimitKind] = field(factory=list)
-    running: bool = False
+    """What one admitted request took: settled (or rolled back) once."""
+
+    __slots__ = ("gate", "tokens", "spent", "running")
+
+    def __init__(self, gate: Gate, tokens: int, spent: tuple[tuple[Wallet, bool], ...] = (),
+                 running: bool = False) -> None:
+        self.gate = gate  # of its key
+        self.tokens = tokens  # charged to tpm and budget wallets
+        self.spent = spent  # (wallet, charged per token) of the wallets spent from
+        self.running = running  # on a concurrency slot
 
 
 class Limiter:
@@ -99,36 +103,82 @@ class Limiter:
     def applies(self, key: ApiKeyRecord) -> bool:
         return bool(key.rpm or key.tpm or key.concurrency or key.budget)
 
+    def admit_now(self, key: ApiKeyRecord, tokens: int, now: float) -> Charge | None:
+        """The usual case, without an await: a request of `key` charged `tokens` admitted
+        on what this router holds (a slot, the wallets' leases). None when anything needs
+        more (an ask, a refusal, an estimate over a limit, a key not seen yet): `admit`.
+        Every request takes this path first."""
+        gate = self.gates.get(key.name)
+        if gate is None or gate.plan_key is not key or tokens > gate.plan_most:
+            return None
+        conc = key.concurrency
+        if conc:
+            sw = gate.slots
+            if sw.running >= conc or not sw.start(now):
+                return None
+        spent = gate.plan_spent
+        for w, per_token in spent:
+            if not w.spend(tokens if per_token else 1, now):
+                self._rollback(Charge(gate, tokens, spent[:spent.index((w, per_token))],
+                                      bool(conc)))
+                return None
+        return Charge(gate, tokens, spent, bool(conc))
+
     async def admit(self, key: ApiKeyRecord, tokens: int) -> Charge:
         """Admit one request charged `tokens`, or raise ApiError (429, or 503 for a budget
         the server cannot be asked about)."""
         gate = self.gates.get(key.name)
         if gate is None:
             gate = self.gates[key.name] = Gate()
+        if gate.plan_key is not key:
+            self._plan(gate, key)
+        charge = self.admit_now(key, tokens, trio.current_time())
+        if charge is not None:
+            return charge
         if key.tpm and tokens > key.tpm:
             raise rate_limited(key.name, "tokens per minute (one request's estimate alone, "
                                f"{tokens} tokens, is over it)", key.tpm, 60)
         if key.budget and tokens > key.budget.tokens:
             raise quota(key.name, f"one request's estimate ({tokens} tokens) is over the "
                         f"whole budget of {key.budget.tokens}", key.budget.period)
-        charge = Charge(key, tokens)
+        charge = Charge(gate, tokens)
         if key.concurrency:
             if gate.slots.running >= key.concurrency:  # a limit lowered: at once here too
                 raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
-            if not gate.slots.start(trio.current_time()):  # the usual case: a slot held
+            if not gate.slots.start(trio.current_time()):  # a slot held
                 await self._slot(gate, key)
             charge.running = True
         try:
-            for kind, units, limit in ((LimitKind.RPM, 1, key.rpm), (LimitKind.TPM, tokens, key.tpm),
-                                       (LimitKind.BUDGET, tokens,
-                                        key.budget.tokens if key.budget else 0)):
-                if limit and units:
-                    if await self._spend(gate, key, kind, units, limit):
-                        charge.kinds.append(kind)
+            for kind, w, per_token, limit in gate.plan:
+                if await self._spend(gate, key, kind, tokens if per_token else 1, limit):
+                    charge.spent += ((w, per_token),)
         except ApiError:
-            self._rollback(gate, charge)
+            self._rollback(charge)
             raise
         return charge
+
+    def _plan(self, gate: Gate, key: ApiKeyRecord) -> None:
+        """The wallets a request of `key` spends from, in order: rpm (one unit), tpm and
+        the budget (its tokens); made again when the table brings another record."""
+        plan = []
+        for kind, per_token, limit in ((LimitKind.RPM, False, key.rpm),
+                                       (LimitKind.TPM, True, key.tpm),
+                                       (LimitKind.BUDGET, True,
+                                        key.budget.tokens if key.budget else 0)):
+            if limit:
+                plan.append((kind, self._wallet(gate, key, kind), per_token, limit))
+        gate.plan = tuple(plan)
+        gate.plan_spent = tuple((w, per_token) for _, w, per_token, _ in plan)
+        gate.plan_most = min((limit for _, _, per_token, limit in plan if per_token),
+                             default=math.inf)
+        gate.plan_key = key
+
+    def _wallet(self, gate: Gate, key: ApiKeyRecord, kind: LimitKind) -> Wallet:
+        w = gate.wallets.get(kind)
+        if w is None:
+            w = gate.wallets[kind] = Wallet(key.budget.period if kind is LimitKind.BUDGET
+                                            and key.budget else MINUTE)
+        return w
 
     async def _slot(self, gate: Gate, key: ApiKeyRecord) -> None:
         """Start a request of `key` on a slot (asking the server for more), or as
@@ -192,10 +242,7 @@ class Limiter:
                      limit: int) -> bool:
         """True when spent from a lease; False when admitted without one (server lost,
         a rate); raises ApiError when refused."""
-        w = gate.wallets.get(kind)
-        if w is None:
-            w = gate.wallets[kind] = Wallet(key.budget.period if kind is LimitKind.BUDGET
-                                            and key.budget else MINUTE)
+        w = self._wallet(gate, key, kind)
         now = trio.current_time()
         if w.spend(units, now):
             return True
@@ -265,37 +312,31 @@ class Limiter:
         self.lost_admits += 1
         return False
 
-    def settle(self, charge: Charge, used_tokens: int | None) -> None:
-        """The request ended: its concurrency slot back, its token charge settled against
-        `used_tokens` (None: unknown, the charge stands)."""
-        gate = self.gates.get(charge.key.name)
-        if gate is None:
-            return
+    def settle(self, charge: Charge, used_tokens: int | None, now: float | None = None) -> None:
+        """The request ended (at `now`, the clock's if None): its concurrency slot back,
+        its token charge settled against `used_tokens` (None: unknown, the charge
+        stands)."""
         if charge.running:
-            gate.slots.ended()
+            charge.gate.slots.ended()
             charge.running = False
-        if used_tokens is None:
+        tokens = charge.tokens
+        if used_tokens is None or used_tokens == tokens:
             return
-        now = trio.current_time()
-        for kind in charge.kinds:
-            w = gate.wallets.get(kind)
-            if w is None:
-                continue
-            if kind is LimitKind.RPM:
-                continue
-            if used_tokens < charge.tokens:
-                w.refund(charge.tokens - used_tokens, now)
-            elif used_tokens > charge.tokens:
-                w.spend(min(used_tokens - charge.tokens, w.available(now)), now)
+        if now is None:
+            now = trio.current_time()
+        for w, per_token in charge.spent:
+            if per_token:
+                if used_tokens < tokens:
+                    w.refund(tokens - used_tokens, now)
+                else:
+                    w.spend(min(used_tokens - tokens, w.available(now)), now)
 
-    def _rollback(self, gate: Gate, charge: Charge) -> None:
+    def _rollback(self, charge: Charge) -> None:
         """A request refused by a later limit: what the earlier ones took goes back."""
         now = trio.current_time()
-        for kind in charge.kinds:
-            w = gate.wallets.get(kind)
-            if w is not None:
-                w.refund(1 if kind is LimitKind.RPM else charge.tokens, now)
-        charge.kinds = []
+        for w, per_token in charge.spent:
+            w.refund(charge.tokens if per_token else 1, now)
+        charge.spent = ()
         if charge.running:
-            gate.slots.ended()
+            charge.gate.slots.ended()
             charge.running = False

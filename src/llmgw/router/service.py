@@ -283,7 +283,7 @@ class Router:
 
     def _auth(self, req: Request) -> ApiKey | ApiKeyRecord | None:
         if self.key_table.in_use:
-            stored, why = self.key_table.check(req.header(b"authorization"), time.time())
+            stored, why = self.key_table.check(req.headers.get(b"authorization"), time.time())
             if stored is None:
                 raise errors.unauthorized(why)
             return stored
@@ -303,6 +303,7 @@ class Router:
         key: ApiKey | ApiKeyRecord | None = None
         tap: UsageTap | None = None
         charge: Charge | None = None
+        metered = self.key_table.in_use  # the server's keys: usage per key × model
         try:
             key = self._auth(req)
             if too_deep(req.body):
@@ -321,9 +322,11 @@ class Router:
                 raise errors.unknown_model(m)
             if pool is not None or m in self.table.cold:  # the table's names only: bounded
                 self.load.arrive(m)
+            now = t0
             if (pool is None or not pool.any_ready()) and m in self.table.cold:
                 await self._hold(m, t0)
                 pool = self.table.pools.get(m)
+                now = trio.current_time()
             if pool is None or not pool.any_ready():
                 why = self.table.waiting.get(m)
                 if why is not None:
@@ -334,14 +337,16 @@ class Router:
                     raise errors.unknown_model(m)
             model = m
             if isinstance(key, ApiKeyRecord) and self.limiter.applies(key):
-                charge = await self.limiter.admit(key, estimate(body, len(req.body)))
+                tokens = estimate(body, len(req.body))
+                charge = (self.limiter.admit_now(key, tokens, now)
+                          or await self.limiter.admit(key, tokens))
             streaming = body.get("stream") is True
             send_body = None
-            if self.key_table.in_use:
+            if metered:
                 # An HTTP/1.0 client's stream comes unchunked: the usage event could not be
                 # taken out, so the engine is not asked for it (its tokens go uncounted).
                 send_body = usage_body(body, req.body) if streaming and not client.http10 else None
-                tap = UsageTap(stream=streaming, strip=send_body is not None)
+                tap = UsageTap(streaming, send_body is not None)
             akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
             gate = self.gates.get(m)
             if gate is None:
@@ -364,12 +369,13 @@ class Router:
                 await client.respond(err.status, JSON, err.body(), extra=err.headers())
         finally:
             metrics.in_flight -= 1
-            took = trio.current_time() - t0
+            end = trio.current_time()
+            took = end - t0
             metrics.done(model, status, took)
             if charge is not None:
                 self.limiter.settle(charge, tap.prompt + tap.completion
-                                    if tap is not None and tap.seen else None)
-            if self.key_table.in_use:
+                                    if tap is not None and tap.seen else None, end)
+            if metered:
                 self.usage.add(key.name if key is not None else "", model, status,
                                tap.prompt if tap is not None else 0,
                                tap.completion if tap is not None else 0, took, time.time())

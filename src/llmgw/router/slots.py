@@ -13,6 +13,8 @@ counts fewer than the router uses.
 
 from __future__ import annotations
 
+import math
+
 from attrs import define
 
 
@@ -29,18 +31,30 @@ class SlotWallet:
         self.leases: list[SlotLease] = []
         self.running = 0  # requests of the key running on this router (on slots or not)
         self.peak = 0  # most running since the last renewals
+        # The live slots and the earliest end among the leases, kept so that a request's
+        # start is a comparison (it runs on every request of a key with a concurrency).
+        self._held = 0
+        self._lapse = math.inf
+
+    def _recount(self) -> None:
+        self._held = sum(s.slots for s in self.leases)
+        self._lapse = min((s.ends for s in self.leases), default=math.inf)
 
     def held(self, now: float) -> int:
         """Live slots at `now` (lapsed grants are dropped)."""
-        if any(s.ends <= now for s in self.leases):
+        if now >= self._lapse:
             self.leases = [s for s in self.leases if s.ends > now]
-        return sum(s.slots for s in self.leases)
+            self._recount()
+        return self._held
 
     def start(self, now: float) -> bool:
         """A request starts on a slot, or takes nothing and answers False."""
-        if self.running >= self.held(now):
+        running = self.running
+        if running >= (self._held if now < self._lapse else self.held(now)):
             return False
-        self.started()
+        self.running = running = running + 1
+        if running > self.peak:
+            self.peak = running
         return True
 
     def started(self) -> None:
@@ -53,6 +67,7 @@ class SlotWallet:
 
     def add(self, lease: SlotLease) -> None:
         self.leases.append(lease)
+        self._recount()
 
     def renewals(self, now: float) -> list[tuple[SlotLease, int]]:
         """(lease, slots kept of it) for every live lease the server knows, once the
@@ -69,6 +84,7 @@ class SlotWallet:
             if s.id:
                 out.append((s, s.slots))
         self.leases = [s for s in self.leases if s.slots > 0]
+        self._recount()
         out.reverse()
         return out
 
@@ -79,9 +95,10 @@ class SlotWallet:
             return
         if kept <= 0:
             self.leases.remove(lease)
-            return
-        lease.slots = min(lease.slots, kept)
-        lease.ends = max(lease.ends, sent + ttl)
+        else:
+            lease.slots = min(lease.slots, kept)
+            lease.ends = max(lease.ends, sent + ttl)
+        self._recount()
 
     def holds_any(self, now: float) -> bool:
         return self.held(now) > 0

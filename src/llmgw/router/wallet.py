@@ -57,6 +57,12 @@ class Wallet:
         estimated): back into the live leases, newest first, none above what it was
         granted (a charge spread over several leases goes back over several: into the
         newest alone, all but its size was lost)."""
+        leases = self._leases
+        if leases:  # the usual case, without the walk below: the newest takes it all
+            g, left = leases[-1]
+            if now < g.ends and g.units - left >= units:
+                leases[-1] = (g, left + units)
+                return
         for i in range(len(self._leases) - 1, -1, -1):
             if units <= 0:
                 return
