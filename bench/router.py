@@ -174,6 +174,12 @@ def run_router(port: int, urls: list[str], keys: bool = False) -> None:
         return snap
 
     extra = key_sources() if keys else {}
+    try:  # as `llmgw router` does (a tree from before it, with --src, has none)
+        from llmgw.router.service import tune_gc
+    except ImportError:
+        pass
+    else:
+        tune_gc()
     trio.run(lambda: serve_router(cfg, table_source=source, **extra))
 
 
