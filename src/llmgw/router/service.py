@@ -284,7 +284,7 @@ class Router:
 
     def _auth(self, req: Request) -> ApiKey | ApiKeyRecord | None:
         if self.key_table.in_use:
-            stored, why = self.key_table.check(req.headers.get(b"authorization"), time.time())
+            stored, why = self.key_table.check(req.header(b"authorization"), time.time())
             if stored is None:
                 raise errors.unauthorized(why)
             return stored
@@ -526,8 +526,9 @@ async def serve_router(
 
 # A router allocates some dozens of short-lived objects a request and holds few for long:
 # CPython's default first-generation threshold (700) runs a collection every ~40 plain
-# requests at concurrency 64, each walking the live tasks' frames; ten times that costs the
-# young generation a few MB and the router 5-9% less CPU a request (bench/README.md).
+# requests at concurrency 64, each walking the live tasks' frames. Ten times that: the
+# young generation may hold a few MB more, and the router spends 5-9% less CPU a request
+# (bench/README.md).
 GC_GEN0 = 7000
 
 
