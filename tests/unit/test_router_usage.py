@@ -55,6 +55,15 @@ def test_stream_usage_is_read_and_stripped_however_the_bytes_come(cuts: list[int
     assert (kept.prompt, kept.completion) == (7, 3)
 
 
+def test_stream_usage_at_every_single_cut() -> None:
+    # Every place one read can end (hypothesis above draws several cuts, and may miss one
+    # place: a first read of "24\r" once went out whole, its chunk not yet seen).
+    for cut in range(len(WIRE) + 1):
+        tap = UsageTap(True, True)
+        assert relay(tap, WIRE, [cut]) == b"".join(TOKENS) + DONE, cut
+        assert (tap.prompt, tap.completion, tap.seen) == (7, 3, True), cut
+
+
 def test_a_huge_chunk_is_not_held() -> None:
     big = event({"choices": [{"text": "x" * 100_000}]})
     tap = UsageTap(stream=True, strip=True)

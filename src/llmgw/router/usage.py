@@ -108,13 +108,15 @@ class UsageTap:
                 # No usage event (most reads): on as they are, up to the end of the last
                 # whole chunk; the rest is held until whole. An event is `data: <JSON>\n\n`
                 # and JSON holds no raw line break, so `\n\n\r\n` is a chunk's end.
-                cut = buf.rfind(b"\n\n\r\n") + 4
-                if cut == len(buf):
-                    self._held = b""
-                    return buf
-                if cut > 3 and len(buf) - cut <= HOLD_MAX:
-                    self._held = buf[cut:]
-                    return buf[:cut]
+                at = buf.rfind(b"\n\n\r\n")
+                if at >= 0:
+                    cut = at + 4
+                    if cut == len(buf):
+                        self._held = b""
+                        return buf
+                    if len(buf) - cut <= HOLD_MAX:
+                        self._held = buf[cut:]
+                        return buf[:cut]
         out = bytearray()
         if self._pass:
             take = min(self._pass, len(data))
