@@ -2,7 +2,8 @@
 script with this folder first on sys.path, where it would shadow the standard library): a
 completion POSTed to a router on 127.0.0.1, and a JSON request by URL. Connection failures
 are answers (status 0), not exceptions, since the tests poll with them until a router
-or an engine serves."""
+or an engine serves. And what the tests read of answers: a stream's events, a series of
+a /metrics page."""
 
 from __future__ import annotations
 
@@ -54,3 +55,21 @@ def http_json(url: str, body: Any = None, *, timeout: float = 10) -> tuple[int, 
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
+
+
+def events(raw: bytes) -> list[Any]:
+    """A stream's events (its `data:` lines as JSON), without `[DONE]`."""
+    out = []
+    for block in raw.decode().split("\n\n"):
+        if block.startswith("data: ") and block != "data: [DONE]":
+            out.append(json.loads(block[len("data: "):]))
+    return out
+
+
+def series(text: str, name: str) -> float:
+    """The sum of a Prometheus series over its label sets (exact name)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

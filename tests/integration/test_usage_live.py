@@ -11,22 +11,14 @@ from __future__ import annotations
 import json
 import signal
 import time
-from typing import Any
 
 import pytest
 
 from fakes.live import Cluster, Proc, simulated, wait_for
-from fakes.web import post
+from fakes.web import events, post
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
 
-
-def events(raw: bytes) -> list[Any]:
-    out = []
-    for block in raw.decode().split("\n\n"):
-        if block.startswith("data: ") and block != "data: [DONE]":
-            out.append(json.loads(block[len("data: "):]))
-    return out
 
 
 def start(c: Cluster) -> tuple[str, list[Proc], list[int]]:

@@ -25,6 +25,7 @@ import pytest
 from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
+from fakes.web import series
 from llmgw.agent import procs
 from llmgw.router.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
 
@@ -115,14 +116,6 @@ def metrics(url: str, timeout: float = 30) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
         return r.read().decode()
 
-
-def series(text: str, name: str) -> float:
-    """The sum of a series over its label sets (exact name)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,13 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, tiny_yaml, vllm_agent
-from fakes.web import post
+from fakes.web import events, post, series
 
 pytestmark = pytest.mark.real_engine
 
@@ -33,21 +32,6 @@ ENGINE_ARGS = ["--max-model-len", "512", "--enforce-eager", *DTYPE, "--enable-pr
 CHAT = "/v1/chat/completions"
 
 
-def events(raw: bytes) -> list[Any]:
-    out = []
-    for block in raw.decode().split("\n\n"):
-        if block.startswith("data: ") and block != "data: [DONE]":
-            out.append(json.loads(block[len("data: "):]))
-    return out
-
-
-def series(text: str, name: str) -> float:
-    """The sum of a series over its label sets (exact name)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 @pytest.fixture(scope="module")
