@@ -59,6 +59,13 @@ class Gate:
     plan_spent: tuple[tuple[Wallet, bool], ...] = ()
     plan_most: float = math.inf  # the most tokens one request may be charged
 
+    def lock(self, kind: LimitKind) -> trio.Lock:
+        """The lock of `kind`'s asks: one at a time per key and limit."""
+        lock = self.locks.get(kind)
+        if lock is None:
+            lock = self.locks[kind] = trio.Lock()
+        return lock
+
 
 class Leases:
     def __init__(self, ask: LeaseAsk | None, gates: Mapping[str, Gate]) -> None:

@@ -75,6 +75,11 @@ def rate_limited(key: str, what: str, limit: int, retry: float) -> ApiError:
                     code="rate_limit_exceeded", retry_after=secs)
 
 
+def _too_many(key: ApiKeyRecord) -> ApiError:
+    """429 for a key running its concurrency (a slot frees when a request ends)."""
+    return rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+
+
 def quota(key: str, detail: str, retry: float) -> ApiError:
     return ApiError(429, f"You exceeded the token budget of API key {key}: {detail}.",
                     type_="insufficient_quota", code="insufficient_quota",
@@ -144,13 +149,13 @@ class Limiter:
         charge = Charge(gate, tokens)
         if key.concurrency:
             if gate.slots.running >= key.concurrency:  # a limit lowered: at once here too
-                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+                raise _too_many(key)
             if not gate.slots.start(trio.current_time()):  # a slot held
                 await self._slot(gate, key)
             charge.running = True
         try:
             for kind, w, per_token, limit in gate.plan:
-                if await self._spend(gate, key, kind, tokens if per_token else 1, limit):
+                if await self._spend(gate, key, kind, w, tokens if per_token else 1, limit):
                     charge.spent += ((w, per_token),)
         except ApiError:
             self._rollback(charge)
@@ -166,35 +171,29 @@ class Limiter:
                                        (LimitKind.BUDGET, True,
                                         key.budget.tokens if key.budget else 0)):
             if limit:
-                plan.append((kind, self._wallet(gate, key, kind), per_token, limit))
+                w = gate.wallets.get(kind)
+                if w is None:  # kept across records: its leases are the router's
+                    w = gate.wallets[kind] = Wallet(key.budget.period if kind is LimitKind.BUDGET
+                                                    and key.budget else MINUTE)
+                plan.append((kind, w, per_token, limit))
         gate.plan = tuple(plan)
         gate.plan_spent = tuple((w, per_token) for _, w, per_token, _ in plan)
         gate.plan_most = min((limit for _, _, per_token, limit in plan if per_token),
                              default=math.inf)
         gate.plan_key = key
 
-    def _wallet(self, gate: Gate, key: ApiKeyRecord, kind: LimitKind) -> Wallet:
-        w = gate.wallets.get(kind)
-        if w is None:
-            w = gate.wallets[kind] = Wallet(key.budget.period if kind is LimitKind.BUDGET
-                                            and key.budget else MINUTE)
-        return w
-
     async def _slot(self, gate: Gate, key: ApiKeyRecord) -> None:
         """Start a request of `key` on a slot (asking the server for more), or as
         on_server_loss says while the server is away; else raise ApiError (429)."""
         sw = gate.slots
         kind = LimitKind.CONCURRENCY
-        lock = gate.locks.get(kind)
-        if lock is None:
-            lock = gate.locks[kind] = trio.Lock()
-        async with lock:
+        async with gate.lock(kind):
             now = trio.current_time()
             if sw.start(now):  # another request's ask brought some, or one ended
                 return
             until, _ = gate.refused_until.get(kind, (0.0, 0.0))
             if now < until:
-                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+                raise _too_many(key)
             leases = self.leases
             if leases.ask is None or now < leases.no_slots_until:
                 return self._alone(sw, key)
@@ -217,16 +216,16 @@ class Limiter:
             if got.units <= 0:
                 wait = min(got.retry_after, REFUSAL_KEPT)
                 gate.refused_until[kind] = (sent + wait, sent + wait)
-                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+                raise _too_many(key)
             leases.granted(got)
             sw.add(SlotLease(got.term, got.grant_id, got.units, sent + got.ttl))
             if not sw.start(trio.current_time()):
-                raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+                raise _too_many(key)
 
     def _alone(self, sw: SlotWallet, key: ApiKeyRecord) -> None:
         """Counted on this router alone (no server to ask, or one from before slots)."""
         if sw.running >= max(key.concurrency, sw.held(trio.current_time())):
-            raise rate_limited(key.name, "concurrent requests", key.concurrency, 1)
+            raise _too_many(key)
         sw.started()
 
     def _slot_lost(self, sw: SlotWallet, key: ApiKeyRecord) -> None:
@@ -238,18 +237,15 @@ class Limiter:
         self._alone(sw, key)
         self.lost_admits += 1
 
-    async def _spend(self, gate: Gate, key: ApiKeyRecord, kind: LimitKind, units: int,
-                     limit: int) -> bool:
-        """True when spent from a lease; False when admitted without one (server lost,
-        a rate); raises ApiError when refused."""
-        w = self._wallet(gate, key, kind)
+    async def _spend(self, gate: Gate, key: ApiKeyRecord, kind: LimitKind, w: Wallet,
+                     units: int, limit: int) -> bool:
+        """True when spent from `kind`'s wallet `w` (asking for a lease when it runs low);
+        False when admitted without one (server lost, a rate); raises ApiError when
+        refused."""
         now = trio.current_time()
         if w.spend(units, now):
             return True
-        lock = gate.locks.get(kind)
-        if lock is None:
-            lock = gate.locks[kind] = trio.Lock()
-        async with lock:
+        async with gate.lock(kind):
             now = trio.current_time()
             if w.spend(units, now):  # another request's ask brought some
                 return True

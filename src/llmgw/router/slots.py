@@ -49,12 +49,9 @@ class SlotWallet:
 
     def start(self, now: float) -> bool:
         """A request starts on a slot, or takes nothing and answers False."""
-        running = self.running
-        if running >= (self._held if now < self._lapse else self.held(now)):
+        if self.running >= self.held(now):
             return False
-        self.running = running = running + 1
-        if running > self.peak:
-            self.peak = running
+        self.started()
         return True
 
     def started(self) -> None:
@@ -99,6 +96,3 @@ class SlotWallet:
             lease.slots = min(lease.slots, kept)
             lease.ends = max(lease.ends, sent + ttl)
         self._recount()
-
-    def holds_any(self, now: float) -> bool:
-        return self.held(now) > 0

@@ -157,8 +157,6 @@ def _download_need(view: ClusterView, d: Deployment) -> int:
     return view.model_size(d.model)
 
 
-
-
 def download_room(need: int, free: int, held: int) -> int:
     """Bytes short for a download of `need` bytes into a folder with `free` bytes free
     that already holds `held` bytes of that same model (its download under way, or cut
