@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.cli import build_parser
@@ -136,6 +136,22 @@ def test_usage_is_read_whatever_its_order_spacing_and_details(
     out = relay(tap, wire, [])
     assert (tap.prompt, tap.completion, tap.seen) == (p, c, True)
     assert b'"usage"' not in out and out.endswith(DONE)
+
+
+@settings(max_examples=2000)
+@given(st.binary(max_size=600), st.sampled_from([b"", b'"usage":', b'"usage": {"prompt_tokens": ']))
+def test_any_bytes_after_usage_read_as_counts_or_nothing(junk: bytes, lead: bytes) -> None:
+    # The engine's answer is peer input: whatever follows the key, a pair of counts or None,
+    # never an exception (a plain answer's tail, or a stream event's payload).
+    buf = lead + junk
+    got = read_usage(buf, 0)
+    assert got is None or all(type(n) is int and n >= 0 for n in got)
+    tap = UsageTap(False)
+    tap.feed(buf)
+    tap.done()
+    stream = UsageTap(True, True)
+    stream.chunked = True
+    stream.feed(b"%x\r\ndata: {%s}\n\n\r\n" % (len(buf) + 10, buf))
 
 
 def test_usage_that_is_not_counts_is_not_read() -> None:

@@ -13,14 +13,14 @@ import msgpack
 import pytest
 import trio
 
-from llmgw.errors import RequestFailedError
+from llmgw.errors import ProtocolError, RequestFailedError
 from llmgw.model.apikey import ApiKeyRecord, hash_secret
 from llmgw.router.errors import ApiError
 from llmgw.router.limits import Charge, Limiter
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.tenants.limits import SLOT_TTL, LimitBooks
-from llmgw.transport.apikey_ops import LeaseOp, LimitKind
-from llmgw.transport.codec import converter
+from llmgw.transport.apikey_ops import MAX_HELD, MAX_LIMIT, LeaseOp, LeaseResult, LimitKind
+from llmgw.transport.codec import converter, structure_result
 
 
 def key(**kw: Any) -> ApiKeyRecord:
@@ -217,3 +217,13 @@ def test_a_router_from_before_slots_is_answered_as_before() -> None:
     got = books.op_lease(Peer(b"", "router", "r0"), LeaseOp("k", LimitKind.RPM, 1), 0.0)
     assert set(got) <= old
     assert not books.slots  # no slot book made for it
+
+
+def test_a_renewals_answer_is_bounded_like_its_op() -> None:
+    """`kept` comes from the server: at most MAX_HELD counts, each one within the limits'
+    bounds; anything else is a ProtocolError, as a malformed declaration is."""
+    ok = structure_result({"kept": [0, 3] * (MAX_HELD // 2), "ttl": 10.0}, LeaseResult)
+    assert len(ok.kept) == MAX_HELD
+    for bad in ([1] * (MAX_HELD + 1), [-1], [MAX_LIMIT + 1], ["3"], [True]):
+        with pytest.raises(ProtocolError):
+            structure_result({"kept": bad}, LeaseResult)

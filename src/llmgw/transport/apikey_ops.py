@@ -241,6 +241,13 @@ def _bounded_held(_: object, __: object, value: tuple[Held, ...]) -> None:
         raise ValueError(f"at most {MAX_HELD} grants declared at once, got {len(value)}")
 
 
+def _bounded_kept(_: object, __: object, value: tuple[int, ...]) -> None:
+    if len(value) > MAX_HELD:
+        raise ValueError(f"at most {MAX_HELD} renewals answered at once, got {len(value)}")
+    for n in value:
+        _limit(_, __, n)
+
+
 @frozen
 class LeaseOp:
     """A router asks for `want` units of a key's limit (0: only gives back `unused`, or
@@ -299,4 +306,4 @@ class LeaseResult:
     hold: float = 0.0  # a new term waits this long for declarations: nothing granted yet
     # Only to an op of kind CONCURRENCY that renews slot grants (`held`), one per grant in
     # its order: the slots the server counts of it now (0: gone), live for `ttl` more.
-    kept: tuple[int, ...] = ()
+    kept: tuple[int, ...] = field(default=(), validator=_bounded_kept)
