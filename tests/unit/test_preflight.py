@@ -91,11 +91,13 @@ def test_a_gang_members_plan_runs_the_probe_with_the_engines_environment(tmp_pat
     assert pre.process.argv == ("/opt/vllm/bin/python", "/p/probe.py")
     assert pre.result_path == "/w/engines/r1/preflight.json"
     settings = json.loads(pre.process.env.pop(PROBE_ENV))
-    assert pre.process.env == plan.main.env  # CUDA_VISIBLE_DEVICES, NCCL_*, GLOO_*, ...
+    # The engine's env (CUDA_VISIBLE_DEVICES, NCCL_*, GLOO_*, ...), with NCCL's INFO lines
+    # on: the gang has HCAs, and the launcher reads which network NCCL crossed nodes on.
+    assert pre.process.env == {**plan.main.env, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     assert plan.main.env["CUDA_VISIBLE_DEVICES"] == "3" and plan.main.env["NCCL_IB_HCA"] == "=mlx5_0"
     assert settings == {"nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29600,
                         "gpu_sizes": list(GPU_SIZES), "gpu_iters": 5, "cpu_sizes": list(CPU_SIZES),
-                        "cpu_iters": 3, "timeout": 45.0}
+                        "cpu_iters": 3, "timeout": 45.0, "hcas": ["mlx5_0"]}
     assert GPU_SIZES == (1 << 20, 16 << 20, 256 << 20)  # 1 MiB to 256 MiB, as issue 22 asks
     best = build_plan(spec("best_effort"), config(tmp_path), "/w", gpu_indices={"GPU-a": 3}, probe=("py", "p"))
     assert best.preflight is not None and not best.preflight.required

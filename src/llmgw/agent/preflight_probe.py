@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import time
 import traceback
@@ -130,12 +131,33 @@ def main() -> int:
     procs = [ctx.Process(target=_worker, args=(i, local, gpus > 0, cfg, q)) for i in range(local)]
     for p in procs:
         p.start()
-    docs = [q.get(timeout=float(cfg["timeout"]) + 30) for _ in procs]
+    docs: list[dict[str, Any]] = []
+    bad: list[dict[str, Any]] = []
+    until = time.monotonic() + float(cfg["timeout"]) + 30
+    while len(docs) < len(procs) and not bad:
+        try:
+            doc = q.get(timeout=1.0)
+        except queue.Empty:
+            # A rank that died before its answer (killed, a crash outside _worker's try)
+            # says nothing: the others would wait for it until the timeout.
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > until:
+                why = (f"a rank exited with code {dead[0]} before its result" if dead
+                       else f"{len(procs) - len(docs)} ranks said nothing")
+                bad.append({"ok": False, "backend": "nccl" if gpus else "gloo", "world": local,
+                            "rank": -1, "error": why})
+            continue
+        docs.append(doc)
+        if not doc["ok"]:
+            # The first failure is the answer: the other ranks could only wait out the
+            # timeout for it (rank 0 that could not bind the port, say), and the launcher's
+            # bound would end them with "timed out" in place of the cause.
+            bad.append(doc)
     for p in procs:
+        if bad and p.is_alive():
+            p.kill()
         p.join()
-    bad = [d for d in docs if not d["ok"]]
-    first = min(docs, key=lambda d: d["rank"])
-    doc = bad[0] if bad else first
+    doc = bad[0] if bad else min(docs, key=lambda d: d["rank"])
     doc["seconds"] = time.monotonic() - started
     _say(doc)
     return 1 if bad else 0

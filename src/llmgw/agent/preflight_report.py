@@ -14,7 +14,7 @@ import os
 
 from attrs import frozen
 
-from llmgw.agent.engines.preflight import RESULT_FILE, settings_of
+from llmgw.agent.engines.preflight import PORT_FAULT, RESULT_FILE, settings_of
 from llmgw.model.engine import PREFLIGHT_RUNNING as RUNNING
 from llmgw.model.engine import EngineSpec
 
@@ -26,6 +26,9 @@ LINE_MAX = 200
 class Reported:
     line: str  # EngineReport.preflight
     busbw_gbps: float = 0.0  # EngineReport.preflight_busbw_gbps
+    # The rendezvous port the probe found taken (a port fault): EngineReport.conflict_port,
+    # so that the server places the replica again on another port; 0: none.
+    port: int = 0
 
 
 def result_path(folder: str, spec: EngineSpec) -> str:
@@ -50,6 +53,10 @@ def parse_result(text: str) -> Reported:
     except ValueError as exc:
         return Reported(f"failed: unreadable result ({exc})")
     line = "".join(c if c.isprintable() else "?" for c in line[:LINE_MAX])
+    port = doc.get("port")
+    if (doc.get("ok") is not True and doc.get("fault") == PORT_FAULT and isinstance(port, int)
+            and not isinstance(port, bool) and 0 < port < 65536):
+        return Reported(line, port=port)
     busbw = 0.0
     if doc.get("ok") is True:
         sizes = [r for r in doc.get("results") or () if isinstance(r, dict)

@@ -17,7 +17,16 @@ import subprocess
 import sys
 from typing import Any
 
-from llmgw.agent.engines.preflight import ProbeResult, floor_for, parse_output, result_doc, verdict
+from llmgw.agent.engines.preflight import (
+    PORT_FAULT,
+    PROBE_ENV,
+    ProbeResult,
+    floor_for,
+    net_verdict,
+    parse_output,
+    result_doc,
+    verdict,
+)
 from llmgw.model.preflight import FAILED_LINE
 
 # Past the probe's own timeout (which bounds its rendezvous), this long for it to say
@@ -29,9 +38,24 @@ def _say(text: str) -> None:
     print(f"llmgw launcher: {text}", flush=True)
 
 
+def _settings(doc: dict[str, Any]) -> dict[str, Any]:
+    """The probe's own settings (engines/preflight.probe_process put them in its env)."""
+    try:
+        got = json.loads((doc.get("env") or {}).get(PROBE_ENV) or "{}")
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def probe(doc: dict[str, Any]) -> ProbeResult:
     """Run the probe `doc` describes (plans.spawn_plan's "preflight"), bounded."""
     timeout = float(doc["timeout"])
+    if not doc["argv"] or not doc["argv"][0]:
+        # No Python was found for the engine (engines/preflight.preflight_for refuses a
+        # required probe so; a best-effort one comes here and says it).
+        return ProbeResult(False, "no Python was found to run the probe with (the engine's "
+                                  "#! line names none that resolves); set engines.preflight_python")
+    settings = _settings(doc)
     _say(f"pre-flight: {' '.join(doc['argv'])} (at most {timeout:g}s)")
     try:
         p = subprocess.Popen(doc["argv"], env=doc["env"], cwd=doc["cwd"] or None,
@@ -54,9 +78,13 @@ def probe(doc: dict[str, Any]) -> ProbeResult:
     if timed_out:
         return ProbeResult(False, f"timed out after {timeout:g}s (a peer that never came, "
                                   "or a collective that hangs)")
-    result = parse_output(out)
+    port = settings.get("master_port")
+    result = parse_output(out, port if isinstance(port, int) else 0)
     if result.ok and p.returncode != 0:
         return ProbeResult(False, f"the probe exited {p.returncode}")
+    hcas = settings.get("hcas")
+    # Sockets before the floor: "NCCL used TCP sockets" says why the bandwidth is low.
+    result = net_verdict(result, out, tuple(str(h) for h in hcas) if isinstance(hcas, list) else ())
     return verdict(result, floor_for(result, float(doc.get("min_busbw_gbps") or 0.0),
                                      float(doc.get("nccl_floor_gbps") or 0.0)))
 
@@ -84,6 +112,12 @@ def run(doc: dict[str, Any]) -> bool:
         print(f"{FAILED_LINE}{result.error}", flush=True)
     if result.ok:
         return True
+    if result.fault == PORT_FAULT:
+        # Whatever the mode: the engine would meet its peers on the same taken port. The
+        # agent reports the port as in conflict and the server places the replica again
+        # on another one.
+        _say(f"pre-flight: port {result.port} is taken: the engine does not start")
+        return False
     if doc.get("required", True):
         _say("pre-flight is required: the engine does not start")
         return False

@@ -14,8 +14,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 from llmgw.agent import preflight_probe, procs
-from llmgw.agent.discovery.engine_check import resolve
-from llmgw.agent.discovery.engine_meta import shebang_interpreter
+from llmgw.agent.discovery.engine_check import find_python, resolve
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
 from llmgw.agent.engines.preflight import settings_of
 from llmgw.config.agent import AgentConfig
@@ -58,14 +57,10 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
 
 
 def interpreter_of(path: str) -> str:
-    """The Python that runs `path` (a console script's #! interpreter, or itself); ""."""
-    if not path or "python" in os.path.basename(path):
-        return path
-    try:
-        with open(path, "rb") as f:
-            return shebang_interpreter(f.readline(1024))
-    except OSError:
-        return ""
+    """The Python that runs `path` (itself, or the console script's #! Python, followed
+    through `#!/usr/bin/env python3` and pip's /bin/sh trampoline); "" when none is found
+    (a required pre-flight is then refused: engines/preflight.preflight_for)."""
+    return find_python(path)[0]
 
 
 def probe_command(spec: EngineSpec, config: AgentConfig, python: str) -> tuple[str, str]:

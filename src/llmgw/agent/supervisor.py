@@ -397,7 +397,10 @@ class Supervisor:
         got = read_preflight(eng.preflight_path)
         if got is None:
             return
-        eng.report = evolve(eng.report, preflight=got.line, preflight_busbw_gbps=got.busbw_gbps)
+        eng.report = evolve(eng.report, preflight=got.line, preflight_busbw_gbps=got.busbw_gbps,
+                            # The probe's rendezvous port was taken: the server places the
+                            # replica again, that port blocked on this node.
+                            conflict_port=got.port or eng.report.conflict_port)
         log.info("engine %s gen %d: pre-flight %s", eng.spec.replica_id, eng.spec.generation,
                  got.line)
         if report:

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 
 from llmgw import __version__ as llmgw_version
 from llmgw.agent.discovery.engine_meta import (
+    HEAD_MAX,
     dist_info_matches,
     metadata_version,
-    shebang_interpreter,
+    script_python,
     site_dirs,
 )
 from llmgw.agent.engines.plan import LaunchPlan
@@ -55,10 +56,10 @@ def resolve(command: str, search_path: str | None = None) -> tuple[str, str]:
     return found, ""
 
 
-def _first_line(path: str) -> bytes:
+def _head(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.readline(1024)
+            return f.read(HEAD_MAX)
     except OSError:
         return b""
 
@@ -111,11 +112,33 @@ def package_version(interpreter: str, packages: tuple[str, ...]) -> str | None:
     return None
 
 
-def _interpreter_of(path: str) -> str:
-    """The Python that runs `path`: itself when it is one, else its #! interpreter."""
+def find_python(path: str, search_path: str | None = None) -> tuple[str, str]:
+    """(the Python that runs the console script `path`, "") or ("", why none): `path`
+    itself when it is a Python; else what its head names (engine_meta.script_python):
+    `#!/path/python`, `#!/usr/bin/env python3` looked up on `search_path` (PATH when
+    None), or pip's and uv's /bin/sh trampolines followed to their Python."""
+    if not path:
+        return "", "no command"
     if "python" in os.path.basename(path):
-        return path
-    return shebang_interpreter(_first_line(path))
+        return path, ""
+    named = script_python(_head(path))
+    if named is None:
+        return "", f"{path} names no Python in its first line"
+    if named.kind == "env":
+        found = shutil.which(named.name, path=search_path)
+        if found is None:
+            return "", f"{path} runs `env {named.name}`, and {named.name} is not on PATH"
+        return found, ""
+    if named.kind == "beside":
+        return os.path.join(os.path.dirname(os.path.realpath(path)), named.name), ""
+    # Named by path: taken as written, as the kernel (or sh) will; one that is not there
+    # fails the probe's start saying so, as it fails the engine's own.
+    return named.name, ""
+
+
+def _interpreter_of(path: str) -> str:
+    """The Python that runs `path` ("" when none is found): find_python's."""
+    return find_python(path)[0]
 
 
 def _check(kind: str, key: str, command: str, search_path: str | None) -> EngineAvailability:

@@ -89,7 +89,8 @@ def build_plan(
     GPU's nearest HCA of the gang's fabric, for UCX and vLLM's GPU -> NIC map (env.nic_env).
 
     `probe` (python, script): how the pre-flight a gang asks for is run (preflight.py),
-    with the engine's own environment; ("", ""): none is run.
+    with the engine's own environment; ("", ""): none is run; ("", script): the engine's
+    Python was not found (a required pre-flight is refused: EngineError).
     """
     _check(spec)
     indices = gpu_index_list(spec, gpu_indices)
@@ -113,7 +114,7 @@ def build_plan(
     else:
         raise EngineError(f"replica {spec.replica_id}: no launch plan for engine {spec.engine!r}")
     pre = None
-    if all(probe):
+    if probe[1]:  # a probe to run; no Python for it: preflight_for refuses or says why
         pre = preflight_for(spec, plan.main.env, probe[0], probe[1], cwd,
                             _floor(spec, config, nics))
     return evolve(plan, gpus=tuple(zip(spec.gpus, indices, strict=True)), preflight=pre)

@@ -26,13 +26,16 @@ only checked for correctness and a bounded time.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from llmgw.agent.engines.plan import Preflight, ProcessPlan
+from llmgw.errors import EngineError
 from llmgw.model.deployment import ENGINE_PORT_BLOCK
-from llmgw.model.engine import EngineSpec
+from llmgw.model.engine import EngineKind, EngineSpec
+from llmgw.model.preflight import PORT_IN_USE
 
 PROBE_ENV = "LLMGW_PREFLIGHT"  # the probe's settings (preflight_probe.ENV)
 TAG = "LLMGW_PREFLIGHT"  # the probe's result line (preflight_probe.TAG)
@@ -44,6 +47,21 @@ CPU_ITERS = 3
 DEFAULT_TIMEOUT = 60.0
 MODES = ("required", "best_effort", "off")
 PROBE_MODULE = "llmgw.agent.preflight_probe"  # its file is what runs, not the module
+
+# What ProbeResult.fault says a failure was, beyond "the probe failed" (the default, ""):
+# the rendezvous port was held by another process (the port's fault, not the nodes': the
+# server places the replica again on another port and avoids no node), or NCCL crossed
+# nodes over TCP sockets on a gang that has HCAs (the nodes' RDMA: they are avoided).
+PORT_FAULT = "port_in_use"
+SOCKET_FAULT = "nccl_socket"
+# For a gang with HCAs the probe's NCCL says which network it crossed nodes on: INFO
+# lines of its INIT and NET subsystems, on the probe's output (not a deployment's file).
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+NO_PYTHON = ("no Python was found to run the pre-flight probe with ({key} names none that "
+             "resolves: neither a python, nor a #! line naming one, nor pip's /bin/sh "
+             "trampoline to one); set engines.preflight_python")
+PYTHON_KEYS = {EngineKind.VLLM: "engines.vllm.bin", EngineKind.SGLANG: "engines.sglang.python",
+               EngineKind.SIMULATED: "engines.simulated_python"}
 
 
 # The default floor: this fraction of what the member's HCAs carry at the fabric's rate.
@@ -79,6 +97,8 @@ class ProbeSettings:
     # Ranks on this node (one per placed GPU) for a single-node probe; 0: as today's gang
     # probe, one per GPU torch sees, one on CPU.
     local_ranks: int = 0
+    # The gang's HCAs on this node: NCCL must cross nodes over them, not TCP sockets.
+    hcas: tuple[str, ...] = ()
 
 
 def settings_of(spec: EngineSpec) -> ProbeSettings | None:
@@ -91,7 +111,7 @@ def settings_of(spec: EngineSpec) -> ProbeSettings | None:
             return None
         return ProbeSettings(gang.preflight == "required", gang.preflight_timeout,
                              gang.preflight_min_busbw, gang.nnodes, gang.rank,
-                             gang.head_addr, gang.rendezvous_port)
+                             gang.head_addr, gang.rendezvous_port, hcas=gang.hcas)
     if spec.preflight not in ("required", "best_effort") or len(spec.gpus) < 2:
         return None
     return ProbeSettings(spec.preflight == "required", spec.preflight_timeout,
@@ -114,6 +134,13 @@ def preflight_for(spec: EngineSpec, env: dict[str, str], python: str, script: st
     want = settings_of(spec)
     if want is None:
         return None
+    if not python and want.required:
+        # Refused, not skipped: an engine whose required check silently never ran is what
+        # `required` is there to prevent.
+        raise EngineError(f"replica {spec.replica_id}: pre-flight is required, and "
+                          + NO_PYTHON.format(key=PYTHON_KEYS.get(spec.engine, "the engine's command")))
+    # Best effort with no Python: the launcher says so in the log (preflight_run), and the
+    # engine starts as best effort does on any failed probe.
     proc = probe_process(spec, env, python, script, cwd, want.timeout)
     return Preflight(proc, timeout=want.timeout, required=want.required,
                      min_busbw_gbps=want.min_busbw_gbps,
@@ -150,7 +177,14 @@ def probe_process(spec: EngineSpec, env: dict[str, str], python: str, script: st
     }
     if want.local_ranks:
         settings["local_ranks"] = want.local_ranks
-    return ProcessPlan("preflight", (python, script), {**env, PROBE_ENV: json.dumps(settings)}, cwd)
+    probe_env = dict(env)
+    if want.hcas:
+        # The launcher reads the network NCCL chose from these lines (net_verdict); a
+        # deployment's NCCL_DEBUG_FILE would take them off the probe's output.
+        settings["hcas"] = list(want.hcas)
+        probe_env.pop("NCCL_DEBUG_FILE", None)
+        probe_env.update(NCCL_DEBUG_ENV)
+    return ProcessPlan("preflight", (python, script), {**probe_env, PROBE_ENV: json.dumps(settings)}, cwd)
 
 
 @frozen
@@ -172,6 +206,8 @@ class ProbeResult:
     world: int = 0
     results: tuple[SizeResult, ...] = ()
     seconds: float = 0.0  # the probe's whole run
+    fault: str = ""  # a failure's kind: PORT_FAULT, SOCKET_FAULT; "": any other
+    port: int = 0  # PORT_FAULT: the rendezvous port another process held
 
     @property
     def busbw_gbps(self) -> float:
@@ -203,9 +239,42 @@ def _num(doc: dict[str, Any], key: str, kind: type = float) -> Any:
     return kind(v)
 
 
-def parse_output(text: str) -> ProbeResult:
+# How a bind of a taken port reads in the probe's error: torch's TCPStore says "code: -98,
+# name: EADDRINUSE, message: address already in use" (DistNetworkError, checked against
+# torch 2.13's); Python's own socket errors say "[Errno 98] Address already in use".
+_IN_USE = re.compile(r"EADDRINUSE|address already in use|\[Errno 98\]", re.IGNORECASE)
+_PORT_IN_TEXT = re.compile(r"\bport:? (\d{1,5})\b")
+
+
+def port_fault(error: str, port: int = 0) -> int:
+    """The port a probe's `error` says was in use (torch's "port: N", else `port`, the
+    rendezvous port it was given); 0 when the error is not a port in use."""
+    if not _IN_USE.search(error):
+        return 0
+    m = _PORT_IN_TEXT.search(error)
+    found = int(m.group(1)) if m else port
+    return found if 0 < found < 65536 else 0
+
+
+def _failed(doc: dict[str, Any], rendezvous_port: int) -> ProbeResult:
+    err = doc.get("error")
+    text = str(err)[:300] if err else "the probe failed"
+    backend = str(doc.get("backend", ""))[:16]
+    given = doc.get("port")
+    if isinstance(given, int) and not isinstance(given, bool):
+        rendezvous_port = given
+    port = port_fault(text, rendezvous_port)
+    if port:
+        return ProbeResult(False, f"{PORT_IN_USE.format(port)} ({text})", backend=backend,
+                           fault=PORT_FAULT, port=port)
+    return ProbeResult(False, text, backend=backend)
+
+
+def parse_output(text: str, rendezvous_port: int = 0) -> ProbeResult:
     """The probe's result from its output (the last `LLMGW_PREFLIGHT {json}` line); total:
-    anything else is a failed result saying what was wrong, never an exception."""
+    anything else is a failed result saying what was wrong, never an exception. A failure
+    to bind the rendezvous port (`rendezvous_port`, where the probe's line names none) is
+    a PORT_FAULT carrying that port."""
     line = ""
     for x in text.splitlines():
         if x.startswith(TAG + " "):
@@ -217,9 +286,7 @@ def parse_output(text: str) -> ProbeResult:
         if not isinstance(doc, dict):
             raise ValueError("not an object")
         if doc.get("ok") is not True:
-            err = doc.get("error")
-            return ProbeResult(False, str(err)[:300] if err else "the probe failed",
-                               backend=str(doc.get("backend", ""))[:16])
+            return _failed(doc, rendezvous_port)
         results = []
         for r in doc.get("results") or ():
             if not isinstance(r, dict):
@@ -231,6 +298,43 @@ def parse_output(text: str) -> ProbeResult:
                            seconds=_num(doc, "seconds") if "seconds" in doc else 0.0)
     except ValueError as exc:
         return ProbeResult(False, f"unreadable result: {exc}")
+
+
+# NCCL's own INFO lines (src/init.cc, src/transport/net.cc, NCCL 2.x): "Using network IB"
+# once per communicator, and per channel "Channel 00/0 : 0[0] -> 1[0] [send] via
+# NET/IB/0/GDRDMA" (a plugin's name in place of IB, e.g. "AWS Libfabric"); the built-in
+# TCP transport's name is "Socket".
+_USING = re.compile(r"NCCL INFO Using network (\S[^\r\n]*?)\s*$")
+_VIA = re.compile(r"\bvia NET/([^/\r\n]+)/")
+SOCKET = "Socket"
+
+
+def nccl_networks(text: str) -> tuple[str, ...]:
+    """The networks NCCL's INFO lines in `text` say it used, in the order first seen."""
+    seen: dict[str, None] = {}
+    for line in text.splitlines():
+        m = _USING.search(line) or _VIA.search(line)
+        if m:
+            seen.setdefault(m.group(1).strip()[:40], None)
+    return tuple(seen)
+
+
+def net_verdict(result: ProbeResult, text: str, hcas: tuple[str, ...]) -> ProbeResult:
+    """`result`, failed when NCCL crossed nodes over TCP sockets although the gang has
+    `hcas`: NCCL falls back to its Socket transport without an error when it finds no
+    usable IB device (a port down, a wrong NCCL_IB_HCA, no RDMA driver in the container),
+    and the collective works, only at a fraction of the fabric's rate. No NCCL lines
+    (a CPU probe, Gloo) say nothing: the result stands. A plugin network (not IB, not
+    Socket) passes: NCCL_NET=IB is not forced, which would refuse such a fabric."""
+    if not result.ok or result.backend != "nccl" or not hcas:
+        return result
+    nets = nccl_networks(text)
+    if SOCKET not in nets:
+        return result
+    return evolve(result, ok=False, fault=SOCKET_FAULT,
+                  error=f"NCCL used TCP sockets (NET/{SOCKET}), not the gang's HCAs "
+                        f"{','.join(hcas)[:80]}: RDMA is not in use on this node "
+                        "(is an HCA down, NCCL_IB_HCA wrong, or the RDMA driver missing?)")
 
 
 def verdict(result: ProbeResult, min_busbw_gbps: float) -> ProbeResult:
@@ -247,6 +351,7 @@ def result_doc(result: ProbeResult) -> dict[str, Any]:
     return {
         "ok": result.ok, "error": result.error, "backend": result.backend,
         "world": result.world, "seconds": result.seconds, "line": result.line(),
+        "fault": result.fault, "port": result.port,
         "results": [{"bytes": r.bytes, "seconds": r.seconds, "algbw_gbps": r.algbw_gbps,
                      "busbw_gbps": r.busbw_gbps} for r in result.results],
     }

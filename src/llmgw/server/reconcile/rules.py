@@ -51,7 +51,7 @@ from llmgw.backoff import exponential
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.node import NodeState
-from llmgw.model.preflight import AVOID_SECONDS
+from llmgw.model.preflight import AVOID_SECONDS, port_in_use
 from llmgw.model.preflight import failure as preflight_failure
 from llmgw.server.placement.place import NodeView
 from llmgw.server.reconcile.passes import Event, Pass, ReconcileSettings
@@ -263,7 +263,10 @@ def _observe(p: Pass, r: Replica, holding: str) -> None:
             continue
         rep = p.state.report(m.node_id, r.id, r.generation)
         if rep is not None and rep.state in ENGINE_ENDED:
-            failed = failed or rep
+            # A member whose port was taken is the cause (a gang head whose pre-flight could
+            # not bind the rendezvous port: the others only time out waiting for it).
+            if failed is None or (rep.conflict_port and not failed.conflict_port):
+                failed = rep
         states.append(rep.state if rep else EngineState.STARTING)
         probes.append(rep.preflight if rep else "")
     event = engines_event(r.state, states, probes)
@@ -297,11 +300,23 @@ def _failed(p: Pass, r: Replica, rep: EngineReport) -> None:
         # with no backoff and no restart counted; placement avoids the node's blocked ports.
         node_id = next(m.node_id for m in r.members
                        if p.state.report(m.node_id, r.id, r.generation) is rep)
-        p.event(r, f"port {rep.conflict_port} on {node_id} is taken ({rep.reason}): placing again")
+        why = preflight_failure(rep.exit_code, rep.log_tail) or rep.reason
+        p.event(r, f"port {rep.conflict_port} on {node_id} is taken ({why}): placing again"
+                   + (" on another port, avoiding no node" if r.spec.preflight_mode else ""))
         p.place(p.unplace(r))
         return
     if r.spec.preflight_mode and r.restarts + 1 < s.crashloop_after:
         why = preflight_failure(rep.exit_code, rep.log_tail)
+        if why and port_in_use(why):
+            # The rendezvous port was taken (a report with conflict_port went the way
+            # above; this one's agent did not say which): the port's fault, not the
+            # nodes'. No node is avoided; counted, so that a port taken again and again
+            # still ends in a crash loop.
+            p.event(r, f"pre-flight: {why}; placing again, avoiding no node")
+            r = p.put(evolve(r, restarts=r.restarts + 1, last_log_tail=rep.log_tail,
+                             ready_since=0.0))
+            p.place(p.unplace(r))
+            return
         if why:
             # The collective check failed: the nodes or the links between them (a gang's
             # fabric, one node's NVLink or PCIe), not the engine. Counted as a failure, but
