@@ -39,7 +39,7 @@ from llmgw.agent.preflight_report import read_result as read_preflight
 from llmgw.agent.preflight_report import result_path as preflight_path
 from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
 from llmgw.agent.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
-from llmgw.agent.startup_deadline import StartupDeadline
+from llmgw.agent.startup_deadline import TAIL_MAX, StartupDeadline
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
 from llmgw.model.engine import RUNTIME_ADAPTERS, Adapter, EngineReport, EngineSpec, EngineState
@@ -818,7 +818,10 @@ class Supervisor:
                     if line != eng.report.download:
                         eng.report = evolve(eng.report, download=line)
                         self._call(eng.report)
-            clock = clock.observe(_size(eng.record.log_path), now, progress.last_bytes)
+            # The new bytes too: lines that only say the engine waits are not progress.
+            size = _size(eng.record.log_path)
+            clock = clock.observe(size, now, progress.last_bytes,
+                                  _new_bytes(eng.record.log_path, clock.last_size, size))
             return clock.deadline
 
         async def probe() -> bool:
@@ -890,6 +893,21 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def _new_bytes(path: str, since: int, size: int) -> bytes | None:
+    """The log's bytes from `since` to `size`, the last TAIL_MAX of them (what the startup
+    deadline judges); b"" when it did not grow, None when they cannot be read. A few KiB
+    of a local file, read on the loop as _size stats it."""
+    if size <= since or since < 0:
+        return b""
+    start = max(since, size - TAIL_MAX)
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(size - start)
+    except OSError:
+        return None
 
 
 def _pid_states(pids: frozenset[int]) -> dict[int, str | None]:
