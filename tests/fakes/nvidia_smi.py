@@ -147,6 +147,7 @@ def garbage(folder: Path) -> Path:
 
 # pynvml's return codes, as the real module names them.
 NVML_SUCCESS = 0
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_TIMEOUT = 10
@@ -162,6 +163,7 @@ class FakeNVMLError(Exception):
     from the text (`FakeNVMLError("Not Supported")`), which maps back to its code."""
 
     TEXT = {
+        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
         NVML_ERROR_NOT_SUPPORTED: "Not Supported",
         NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
         NVML_ERROR_TIMEOUT: "Timeout",
@@ -208,6 +210,9 @@ class FakeNvml:
     - `ecc`: index -> volatile uncorrected ECC error count.
     - `remap_pending`, `remap_failed`: indices with a pending / failed row remap.
     - `retired_pending`: indices with retired pages pending a reset.
+    - `recovery`: index -> NVML_GPU_RECOVERY_ACTION_* read through nvmlDeviceGetFieldValues
+      (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION); an index not given answers NONE, and with
+      `recovery_api=False` the field value carries Not Supported (drivers before R550).
     - `fabric`: index -> (NVML_GPU_FABRIC_STATE_*, NVML return code of the registration),
       e.g. `{0: (FakeNvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS, NVML_SUCCESS)}`.
     - `health_api=False`: every health call (MIG, ECC, remap, retired pages, fabric) is
@@ -216,7 +221,8 @@ class FakeNvml:
       does not say, as under MIG or without permission).
     - `process_names`: pid -> what nvmlSystemGetProcessName answers.
     - `xids`: (index, Xid) events queued for the event set, delivered in order by
-      nvmlEventSetWait_v2 (which answers Timeout when none is left).
+      nvmlEventSetWait_v2 (which answers Timeout when none is left). Index -1: an event
+      whose device NVML cannot name (a handle nothing registered, whose UUID read fails).
     - `events_api=False`: nvmlEventSetCreate is Not Supported.
     - `xid_unsupported`: indices on which nvmlDeviceRegisterEvents is Not Supported.
     """
@@ -234,6 +240,7 @@ class FakeNvml:
     NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
     NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
     NVML_GPU_FABRIC_STATE_COMPLETED = 3
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
     nvmlEventTypeXidCriticalError = 0x8
     NVMLError = FakeNVMLError
     c_nvmlGpuFabricInfo_t = FakeFabricInfo
@@ -255,6 +262,8 @@ class FakeNvml:
         remap_failed: set[int] | frozenset[int] = frozenset(),
         retired_pending: set[int] | frozenset[int] = frozenset(),
         fabric: dict[int, tuple[int, int]] | None = None,
+        recovery: dict[int, int] | None = None,
+        recovery_api: bool = True,
         health_api: bool = True,
         processes: dict[int, list[tuple[int, int | None]]] | None = None,
         process_names: dict[int, str] | None = None,
@@ -276,6 +285,8 @@ class FakeNvml:
         self.remap_failed = set(remap_failed)
         self.retired_pending = set(retired_pending)
         self.fabric = dict(fabric or {})
+        self.recovery = dict(recovery or {})
+        self.recovery_api = recovery_api
         self.health_api = health_api
         self.processes = dict(processes or {})
         self.process_names = dict(process_names or {})
@@ -311,6 +322,8 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
+        if h == -1:
+            raise FakeNVMLError(NVML_ERROR_INVALID_ARGUMENT)
         self._check(h, "nvmlDeviceGetUUID")
         return self.uuids[h] if self.uuids is not None else f"GPU-{h:04d}"
 
@@ -379,6 +392,18 @@ class FakeNvml:
         target.state, target.status = state, status
         return NVML_SUCCESS
 
+    def nvmlDeviceGetFieldValues(self, h: int, field_ids: list[int]) -> list[Any]:
+        """pynvml's shape: one c_nvmlFieldValue_t-like value per id, each with its own
+        nvmlReturn; only the recovery action is known here."""
+        self._health(h, "nvmlDeviceGetFieldValues")
+        out = []
+        for fid in field_ids:
+            known = fid == self.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and self.recovery_api
+            out.append(SimpleNamespace(
+                fieldId=fid, nvmlReturn=NVML_SUCCESS if known else NVML_ERROR_NOT_SUPPORTED,
+                value=SimpleNamespace(uiVal=self.recovery.get(h, 0) if known else 0)))
+        return out
+
     # Processes.
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[Any]:
@@ -407,7 +432,7 @@ class FakeNvml:
         registered = {h for h, _ in self.registered}
         while self.xids:
             h, xid = self.xids.pop(0)
-            if h in registered:
+            if h in registered or h == -1:
                 return SimpleNamespace(device=h, eventType=self.nvmlEventTypeXidCriticalError,
                                        eventData=xid, gpuInstanceId=0, computeInstanceId=0)
         raise FakeNVMLError(NVML_ERROR_TIMEOUT)

@@ -152,12 +152,13 @@ def test_health_is_read_per_gpu() -> None:
     gpus = read_nvml(nvml)
     assert [g.problems for g in gpus] == [
         ("MIG mode is on (llmgw places whole GPUs)",),
-        ("2 volatile uncorrected ECC errors",),
-        ("row remap pending (reset the GPU)",),
+        ("no new work: 2 volatile uncorrected ECC errors",),
+        ("no new work: row remap pending (reset the GPU when it is idle)",),
         ("row remap failed",),
-        ("retired pages pending (reset the GPU)",),
+        ("no new work: retired pages pending (reset the GPU when it is idle)",),
         ("NVSwitch fabric not ready (in progress)",),
     ]
+    assert [g.healthy for g in gpus] == [False, True, True, False, True, False]
 
 
 def test_fabric_registration_failure_names_nvmls_status() -> None:

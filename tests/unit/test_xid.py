@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from fakes.nvidia_smi import BUSES, NVML_ERROR_UNKNOWN, FakeNvml, FakeNVMLError
+from llmgw.agent.discovery.gpu_health import HealthReading
 from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.agent.xid import UNHEALTHY_XIDS, XidProblems, serve_xid_watch, xid_problem
-from llmgw.model.inventory import Gpu, Inventory
+from llmgw.agent.xid import SOFT_XIDS, UNHEALTHY_XIDS, XidProblems, serve_xid_watch, xid_problem
+from llmgw.model.inventory import Gpu, Inventory, is_soft
 
 AT = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 
@@ -25,18 +26,27 @@ def test_table_marks_hardware_faults_and_ignores_application_faults() -> None:
     assert {48, 63, 64, 74, 79, 94, 95, 119, 120, 140} == set(UNHEALTHY_XIDS)
 
 
-async def watch(nvml: FakeNvml, want: int, max_waits: int = 5000) -> list[tuple[str, str]]:
+async def watch(nvml: FakeNvml, want: int, max_waits: int = 5000,
+                unresolved: list[int] | None = None) -> list[tuple[str, str]]:
     """Run the watch until `want` problems came, or it has waited `max_waits` times
     (the guard: a deadline would not do, as the autojump clock jumps to it while the
-    watch's thread runs)."""
+    watch's thread runs). Problems go through an XidProblems, as in the agent."""
     got: list[tuple[str, str]] = []
+    xp = XidProblems()
 
-    def on_problem(uuid: str, problem: str) -> None:
-        got.append((uuid, problem))
+    def on_problem(uuid: str, problem: str) -> bool:
+        new = xp.add(uuid, problem)
+        if new:
+            got.append((uuid, problem))
+        return new
+
+    def on_unresolved(xid: int) -> None:
+        if unresolved is not None:
+            unresolved.append(xid)
 
     async with trio.open_nursery() as n:
-        await n.start(lambda task_status: serve_xid_watch(nvml, on_problem, now=lambda: AT,
-                                                            task_status=task_status))
+        await n.start(lambda task_status: serve_xid_watch(nvml, on_problem, on_unresolved=on_unresolved,
+                                                            now=lambda: AT, task_status=task_status))
         while len(got) < want and nvml.waits < max_waits:
             await trio.sleep(0.01)
         n.cancel_scope.cancel()
@@ -50,7 +60,7 @@ async def test_unhealthy_xids_are_reported_once_per_gpu(autojump_clock: trio.abc
     assert got == [
         ("GPU-d", "Xid 79 at 2026-12-01T10:00:00Z: GPU has fallen off the bus"),
         ("GPU-b", "Xid 48 at 2026-12-01T10:00:00Z: double bit ECC error"),
-        ("GPU-b", "Xid 94 at 2026-12-01T10:00:00Z: contained ECC error"),
+        ("GPU-b", "no new work: Xid 94 at 2026-12-01T10:00:00Z: contained ECC error"),
     ]
     assert {h for h, _ in nvml.registered} == {0, 1, 2, 3}
     assert all(t == FakeNvml.nvmlEventTypeXidCriticalError for _, t in nvml.registered)
@@ -137,3 +147,62 @@ def test_xid_problems_are_bounded_per_gpu() -> None:
     for k in range(10):
         xp.add("GPU-a", f"Xid {k}")
     assert len(xp.of("GPU-a")) == XidProblems.MAX_PER_GPU
+
+
+def test_remap_recording_and_contained_ecc_xids_are_soft() -> None:
+    """Xid 63 is the driver noting a pending remap ("reset gpu to activate"), 94 an ECC
+    error contained to its process: neither moves what runs on the GPU."""
+    assert SOFT_XIDS == {63, 94}
+    for xid in UNHEALTHY_XIDS:
+        line = xid_problem(xid, AT)
+        assert line is not None and is_soft(line) == (xid in SOFT_XIDS)
+    assert not Gpu(0, "GPU-a", "", 0, 0, "", problems=(xid_problem(63, AT) or "",)).placeable
+    assert Gpu(0, "GPU-a", "", 0, 0, "", problems=(xid_problem(63, AT) or "",)).healthy
+
+
+async def test_an_xid_whose_device_is_not_resolved_rereads_every_gpu(autojump_clock: trio.abc.Clock) -> None:
+    """Before issue 30 such an event was kept for a GPU named "unknown", which no GPU is:
+    dropped. Now it asks for every GPU to be read again, and the watch goes on."""
+    nvml = FakeNvml(BUSES, xids=[(-1, 79), (2, 48)])
+    unresolved: list[int] = []
+    got = await watch(nvml, 1, unresolved=unresolved)
+    assert unresolved == [79]
+    assert got == [("GPU-0002", "Xid 48 at 2026-12-01T10:00:00Z: double bit ECC error")]
+
+
+def test_an_xid_clears_once_the_readings_show_a_reset() -> None:
+    xp = XidProblems()
+    p79 = xid_problem(79, AT) or ""
+    assert xp.add("GPU-a", p79) and xp.add("GPU-b", xid_problem(48, AT) or "")
+    # After the Xid: GPU-a lost, GPU-b with a pending remap and a reset asked for.
+    assert xp.observe({"GPU-a": HealthReading(lost=True),
+                       "GPU-b": HealthReading(remapped_rows=(0, 1, 1, 0), recovery_action=1)}) == ()
+    assert xp.observe({"GPU-a": HealthReading(lost=True),
+                       "GPU-b": HealthReading(remapped_rows=(0, 1, 1, 0), recovery_action=0)}) == ()
+    # GPU-a is readable again, GPU-b's remap applied: both were reset.
+    assert xp.observe({"GPU-a": HealthReading(mig_current=0),
+                       "GPU-b": HealthReading(remapped_rows=(0, 1, 0, 0), recovery_action=0)}) == ("GPU-a", "GPU-b")
+    assert not xp and xp.of("GPU-a") == ()
+    inv = Inventory(gpus=(gpu("GPU-a"),))
+    assert xp.apply(inv) is inv
+    # The same Xid again later counts again.
+    assert xp.add("GPU-a", p79)
+
+
+def test_an_xid_without_reset_evidence_stays_until_the_operator_clears_it() -> None:
+    xp = XidProblems()
+    p74 = xid_problem(74, AT) or ""
+    xp.add("GPU-a", p74)
+    for _ in range(3):
+        assert xp.observe({"GPU-a": HealthReading(remapped_rows=(0, 0, 0, 0), recovery_action=0)}) == ()
+    assert xp.of("GPU-a") == (p74,)
+    assert xp.clear("GPU-a") == (p74,) and xp.clear("GPU-a") == ()
+    assert xp.of("GPU-a") == ()
+
+
+def test_one_line_per_xid_number() -> None:
+    xp = XidProblems()
+    later = AT.replace(hour=11)
+    assert xp.add("GPU-a", xid_problem(79, AT) or "")
+    assert not xp.add("GPU-a", xid_problem(79, later) or "")
+    assert xp.add("GPU-a", xid_problem(48, later) or "")

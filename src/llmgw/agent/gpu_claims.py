@@ -18,7 +18,7 @@ from llmgw.agent.gpu_memory import GpuMemory
 from llmgw.agent.gpu_release import gib
 from llmgw.model.engine import EngineSpec
 from llmgw.model.gpu_need import memory_need
-from llmgw.model.inventory import Inventory
+from llmgw.model.inventory import Inventory, hard_problems
 
 
 def gpu_memory_min(spec: EngineSpec) -> int:
@@ -45,8 +45,11 @@ def check_gpus(
         gpu = reading.get(uuid)
         if gpu is None:
             return f"GPU {uuid} is not on this node now"
-        if gpu.problems:
-            return f"GPU {gpu.index} ({uuid}) is unhealthy: {'; '.join(gpu.problems)}"
+        # Hard problems only: a soft one keeps the server from placing new replicas here,
+        # but one placed before (restarted after a crash, or started again) runs on.
+        hard = hard_problems(gpu.problems)
+        if hard:
+            return f"GPU {gpu.index} ({uuid}) is unhealthy: {'; '.join(hard)}"
         why = releasing.get(uuid)
         if why:
             return f"GPU {gpu.index} is releasing: {why}"

@@ -6,6 +6,7 @@ server hears what already runs instead of starting it twice.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -21,7 +22,7 @@ from llmgw.agent.bad_copies import BadCopies
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.agent.discovery.gpus import load_nvml
 from llmgw.agent.discovery.interfaces import interface_addresses, resolve_mgmt_interface
-from llmgw.agent.discovery.nvml import read_gpu_memory
+from llmgw.agent.discovery.nvml import GpuReads, read_gpu_memory
 from llmgw.agent.gpu_claims import mark_inventory
 from llmgw.agent.gpu_memory import GpuMemory, from_inventory
 from llmgw.agent.gpu_usage import GpuSampler
@@ -88,9 +89,12 @@ class Agent:
         # NVML for the per-GPU metrics, the Xid watch and the check before each spawn, only
         # where discovery would use it too.
         self._nvml = None if disc.skip_gpus or not disc.prefer_nvml else (nvml or load_nvml())
-        # Xid critical errors seen since the agent started: such a GPU needs a reset, so
-        # the problem stays until the agent restarts (after the operator's reset).
+        # Xid critical errors: such a GPU needs a reset, so the problem stays until NVML's
+        # readings show one (XidProblems.observe) or the operator clears it (ctl gpu clear).
         self.xid = XidProblems()
+        # What one NVML read of the GPUs hands the next: a read error is a problem only
+        # after several in a row; the latest health readings, for the Xids' reset watch.
+        self.gpu_reads = GpuReads()
         # The labelled HCAs' ports, read every few seconds: a port down or erring is a
         # problem on its HCA in every inventory (the server moves what rides it).
         self.hca_health = HcaHealth(quiet=disc.hca_quiet)
@@ -120,7 +124,7 @@ class Agent:
         NVML's answer now where NVML found the GPUs; otherwise (nvidia-smi, simulated GPUs)
         the last inventory's, which is the best this node can tell."""
         if self.inventory.gpu_source is GpuSource.NVML and self._nvml is not None:
-            read = read_gpu_memory(self._nvml)
+            read = read_gpu_memory(self._nvml, reads=self.gpu_reads)
             return None if read is None else self.xid.apply_memory(read)
         return from_inventory(self.inventory)
 
@@ -140,10 +144,27 @@ class Agent:
         self.inventory = evolve(self.inventory, storage=self.bad_copies.apply(self.inventory.storage))
         self._post(InventoryChanged(self.inventory))
 
-    def _on_xid(self, uuid: str, problem: str) -> None:
-        if self.xid.add(uuid, problem):
-            log.error("GPU %s: %s; no engine is placed on it until the agent restarts", uuid, problem)
-            self._rediscover.set()
+    def _on_xid(self, uuid: str, problem: str) -> bool:
+        if not self.xid.add(uuid, problem):
+            return False
+        log.error("GPU %s: %s; no engine is placed on it until it is reset (or `llmgw ctl gpu "
+                  "clear %s %s`)", uuid, problem, self.config.node_id, uuid)
+        self._rediscover.set()
+        return True
+
+    def _on_unresolved_xid(self, xid: int) -> None:
+        # Which GPU is not known: read them all now, rather than at the next interval.
+        self._rediscover.set()
+
+    def clear_gpus(self, gpus: tuple[str, ...]) -> None:
+        """The operator's `ctl gpu clear`: forget these GPUs' Xid problems (by UUID) and
+        report at once. What NVML itself reads (a pending remap, a recovery action) stays:
+        it is read again each time."""
+        for uuid in gpus:
+            gone = self.xid.clear(uuid)
+            log.warning("GPU %s: Xid problems cleared by the operator (%s)", uuid,
+                        "; ".join(gone) or "there were none")
+        self._rediscover.set()
 
     def _post(self, msg: Message) -> None:
         # While disconnected nothing is lost by dropping: the next Hello carries it all.
@@ -206,16 +227,19 @@ class Agent:
         with self.metrics.discovery.time():
             try:
                 found = await discover(self.config, nvml=self.nvml, logged=self._logged,
-                                       python=self.python)
+                                       python=self.python, gpu_reads=self.gpu_reads)
             except DiscoveryError:
                 # At start nothing is gone yet: a missing HCA is a wrong label (exit 2).
                 gone = self.hca_health.gone()
                 if not gone:
                     raise
                 found = with_gone(await discover(without_hcas(self.config, gone), nvml=self.nvml,
-                                                 logged=self._logged, python=self.python),
+                                                 logged=self._logged, python=self.python,
+                                                 gpu_reads=self.gpu_reads),
                                   self.config, gone)
         own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
+        for uuid in self.xid.observe(self.gpu_reads.health()):
+            log.warning("GPU %s: reset since its Xid (NVML's readings say so): placed again", uuid)
         found = self.hca_health.apply(found)
         found = evolve(found, storage=self.bad_copies.apply(found.storage))
         return mark_inventory(self.xid.apply(found), own, self.supervisor.releasing())
@@ -242,7 +266,8 @@ class Agent:
                 # The engines adopted just now are this agent's, not foreign holders.
                 own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
                 self.inventory = mark_inventory(self.inventory, own, self.supervisor.releasing())
-                await nursery.start(serve_xid_watch, self._nvml, self._on_xid)
+                await nursery.start(functools.partial(
+                    serve_xid_watch, self._nvml, self._on_xid, on_unresolved=self._on_unresolved_xid))
                 labelled = tuple(dict.fromkeys(h for f in self.config.fabrics for h in f.hcas))
                 await nursery.start(serve_hca_watch, self.config.discovery.ib_root, labelled,
                                     self.hca_health, lambda: self._rediscover.set(),

@@ -2,9 +2,13 @@
 
 NVML's event set is waited on in a thread (`nvmlEventSetWait_v2` blocks up to WAIT_MS);
 the trio task around it turns each Xid into a problem line through the pure table below
-and hands it to `on_problem(uuid, problem)`. `XidProblems` keeps them until the agent
-restarts: a GPU that has reported Xid 79 or 48 needs a reset, which restarts the driver
-and with it this agent's view, so there is nothing to clear them on before that.
+and hands it to `on_problem(uuid, problem)`. An event whose device cannot be told (a
+handle not registered, whose UUID NVML will not give) calls `on_unresolved(xid)`: the
+agent re-reads every GPU at once, since which one it was is not known.
+
+`XidProblems` keeps them until the GPU was reset (a reading after the Xid shows it,
+gpu_health.next_reset_watch) or the operator clears them (`llmgw ctl gpu clear NODE GPU`,
+which reaches the agent as a ClearGpu message).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 import trio
 from attrs import evolve
 
+from llmgw.agent.discovery.gpu_health import HealthReading, ResetWatch, next_reset_watch
 from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.model.inventory import Inventory
+from llmgw.model.inventory import Inventory, soft
 
 log = logging.getLogger(__name__)
 
@@ -55,38 +60,79 @@ UNHEALTHY_XIDS: dict[int, str] = {
     120: "GSP error",
     140: "unrecovered ECC error",
 }
+# Of those, the ones that only keep new work off (soft): 63 is the driver noting a row
+# remap or page retirement it applies at the next reset ("reset gpu to activate"), the
+# pending flag's own event, and a pending remap does not affect work on the GPU (NVML's
+# nvmlDeviceGetRemappedRows); 94 is an ECC error the driver contained to the process that
+# hit it (that engine exits and is restarted; the others on the GPU run on). Whether a
+# reset is due now is NVML's recovery action's to say, which is hard.
+SOFT_XIDS = frozenset({63, 94})
 
 
 def xid_problem(xid: int, at: datetime) -> str | None:
-    """The problem line for Xid `xid` seen at `at`; None: it leaves the GPU usable."""
+    """The problem line for Xid `xid` seen at `at` (marked soft for SOFT_XIDS); None: it
+    leaves the GPU usable."""
     what = UNHEALTHY_XIDS.get(xid)
     if what is None:
         return None
-    return f"Xid {xid} at {at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}: {what}"
+    line = f"Xid {xid} at {at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}: {what}"
+    return soft(line) if xid in SOFT_XIDS else line
+
+
+def _xid_of(problem: str) -> str:
+    """"Xid 79" of "Xid 79 at ...: ...", soft mark or not: one line per Xid number."""
+    return problem.split(" at ", 1)[0]
 
 
 class XidProblems:
-    """GPU UUID -> the Xid problems seen since the agent started, at most MAX_PER_GPU
-    each (the first ones: they say what happened; later ones add nothing to "reset it").
+    """GPU UUID -> the Xid problems seen since it was last reset or cleared, one per Xid
+    number, at most MAX_PER_GPU each (the first ones: they say what happened; later ones
+    add nothing to "reset it").
 
-    No I/O: `add` is the watcher's on_problem; `apply` puts them into every inventory the
-    agent reports, `apply_memory` into what the supervisor reads before a spawn."""
+    No I/O: `add` is the watcher's on_problem; `observe` takes each GPU's latest health
+    reading and drops a GPU's Xids once the readings show it was reset; `clear` is the
+    operator's command; `apply` puts them into every inventory the agent reports,
+    `apply_memory` into what the supervisor reads before a spawn."""
 
     MAX_PER_GPU = 4
 
     def __init__(self) -> None:
         self._by_uuid: dict[str, tuple[str, ...]] = {}
+        self._watch: dict[str, ResetWatch] = {}
 
     def add(self, uuid: str, problem: str) -> bool:
-        """Keep `problem` for `uuid`; False when it was there already or the GPU is full."""
+        """Keep `problem` for `uuid`; False when its Xid is there already or the GPU is full."""
         have = self._by_uuid.get(uuid, ())
-        if problem in have or len(have) >= self.MAX_PER_GPU:
+        if _xid_of(problem) in {_xid_of(p) for p in have} or len(have) >= self.MAX_PER_GPU:
             return False
         self._by_uuid[uuid] = (*have, problem)
+        self._watch.setdefault(uuid, ResetWatch())
         return True
 
     def of(self, uuid: str) -> tuple[str, ...]:
         return self._by_uuid.get(uuid, ())
+
+    def clear(self, uuid: str) -> tuple[str, ...]:
+        """Forget `uuid`'s Xid problems (the operator says it was dealt with); what was
+        forgotten."""
+        self._watch.pop(uuid, None)
+        return self._by_uuid.pop(uuid, ())
+
+    def observe(self, health: Mapping[str, HealthReading]) -> tuple[str, ...]:
+        """Take each GPU's latest reading; the UUIDs whose Xid problems it cleared, as
+        their readings show a reset since the Xid (gpu_health.ResetWatch)."""
+        cleared = []
+        for uuid in list(self._by_uuid):
+            reading = health.get(uuid)
+            if reading is None:
+                continue
+            watch, was_reset = next_reset_watch(self._watch.get(uuid, ResetWatch()), reading)
+            if was_reset:
+                self.clear(uuid)
+                cleared.append(uuid)
+            else:
+                self._watch[uuid] = watch
+        return tuple(cleared)
 
     def __bool__(self) -> bool:
         return bool(self._by_uuid)
@@ -170,9 +216,10 @@ class _Watch:
         log.info("Xid watch: watching %d GPU(s)", len(uuids))
         return cls(nvml, event_set, uuids)
 
-    def wait(self) -> tuple[str, int] | None:
-        """(GPU UUID, Xid) of the next Xid event; None when WAIT_MS passed without one.
-        Raises what NVML raises otherwise."""
+    def wait(self) -> tuple[str | None, int] | None:
+        """(GPU UUID, Xid) of the next Xid event, the UUID None where the event's device
+        cannot be told; None when WAIT_MS passed without one. Raises what NVML raises
+        otherwise."""
         try:
             data = self.nvml.nvmlEventSetWait_v2(self.event_set, WAIT_MS)
         except Exception as exc:
@@ -188,7 +235,6 @@ class _Watch:
                 uuid = str(self.nvml.nvmlDeviceGetUUID(data.device))
             except Exception as exc:
                 log.debug("Xid event for an unknown handle: %s", exc)
-                uuid = "unknown"
         return uuid, int(data.eventData)
 
     def close(self) -> None:
@@ -213,20 +259,22 @@ def _utcnow() -> datetime:
 
 async def serve_xid_watch(
     nvml: Any | None,
-    on_problem: Callable[[str, str], None],
+    on_problem: Callable[[str, str], object],
     *,
+    on_unresolved: Callable[[int], None] = lambda xid: None,
     now: Callable[[], datetime] = _utcnow,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Call `on_problem(uuid, "Xid 79 at <UTC time>: GPU has fallen off the bus")` once per
-    GPU and unhealthy Xid, from this task (no locking needed), until cancelled. Returns at
-    once, after one log line, where NVML or its event API is not there. `now`: the clock
-    the problem lines are stamped with."""
+    """Call `on_problem(uuid, "Xid 79 at <UTC time>: GPU has fallen off the bus")` for each
+    unhealthy Xid event, from this task (no locking needed), until cancelled; it returns
+    False when that GPU has that Xid already (XidProblems.add), which then is not logged
+    again. An event whose device cannot be resolved calls `on_unresolved(xid)` instead of
+    being dropped. Returns at once, after one log line, where NVML or its event API is not
+    there. `now`: the clock the problem lines are stamped with."""
     watch = await trio.to_thread.run_sync(_Watch.open, nvml) if nvml is not None else None
     task_status.started()
     if watch is None:
         return
-    reported: set[tuple[str, int]] = set()
     last_error = ""
     try:
         while True:
@@ -242,15 +290,18 @@ async def serve_xid_watch(
             if event is None:
                 continue
             uuid, xid = event
+            if uuid is None:
+                # Which GPU is not known: every GPU is read again now, so that whichever it
+                # was shows what NVML says of it (lost, a recovery action, a pending remap).
+                log.warning("Xid %d on a GPU NVML did not name; reading every GPU again", xid)
+                on_unresolved(xid)
+                continue
             problem = xid_problem(xid, now())
             if problem is None:
                 log.info("GPU %s: Xid %d (an application fault; the GPU stays in use)", uuid, xid)
                 continue
-            if (uuid, xid) in reported:
-                continue
-            reported.add((uuid, xid))
-            log.warning("GPU %s: %s; it is not placed again until it is reset", uuid, problem)
-            on_problem(uuid, problem)
+            if on_problem(uuid, problem) is not False:
+                log.warning("GPU %s: %s; it is not placed again until it is reset", uuid, problem)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(watch.close)

@@ -25,7 +25,8 @@ def _gpus(n: dict[str, Any]) -> str:
     text = f"{len(gpus)}x {'/'.join(names)} {free}/{total}GiB free ({n.get('gpu_source')})"
     # Not healthy: counted here, named GPU by GPU in `describe node`.
     states = [g.get("state", "healthy") for g in gpus]
-    odd = [f"{states.count(s)} {s}" for s in ("unhealthy", "releasing", "held") if s in states]
+    odd = [f"{states.count(s)} {s}" for s in ("unhealthy", "degraded", "releasing", "held")
+           if s in states]
     return text + (", " + ", ".join(odd) if odd else "")
 
 
@@ -48,6 +49,8 @@ def _gpu_notes(gpus: list[dict[str, Any]]) -> list[str]:
         i = g.get("index", "?")
         for p in g.get("problems") or []:
             lines.append(f"  GPU {i} unhealthy: {_clip(p, 100)}")
+        for p in g.get("soft_problems") or []:
+            lines.append(f"  GPU {i} takes no new work: {_clip(p, 100)}")
         if g.get("releasing"):
             lines.append(f"  GPU {i} releasing: {_clip(g['releasing'], 100)}")
         procs = g.get("processes") or []

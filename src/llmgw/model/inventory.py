@@ -21,6 +21,39 @@ class GpuProcess:
     memory: int  # MiB it holds on this GPU; 0: not reported (MIG, older drivers)
 
 
+# A GPU problem is hard or soft. Hard (the GPU lost or unreadable, its fabric not ready,
+# MIG on, a failed row remap, a recovery action NVML asks for, a critical Xid): the GPU is
+# never placed and the replicas on it move. Soft (a row remap or page retirement pending a
+# reset, volatile uncorrected ECC errors): no new replica is placed there, and what runs
+# on it stays; NVIDIA's own words on a pending remap are that unaffected work continues
+# and new work may start (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt).
+#
+# A soft line carries this mark at its start, in the one `problems` tuple, so that the
+# wire does not change: a server from before reads it as a problem, which is what it did
+# with these lines before (it drains), and this server reads an older agent's lines, which
+# carry no mark, as hard, as they were.
+SOFT_MARK = "no new work: "
+
+
+def soft(line: str) -> str:
+    """`line` marked soft (no new work here; what runs stays)."""
+    return line if line.startswith(SOFT_MARK) else SOFT_MARK + line
+
+
+def is_soft(line: str) -> bool:
+    return line.startswith(SOFT_MARK)
+
+
+def hard_problems(problems: tuple[str, ...]) -> tuple[str, ...]:
+    """The lines of `problems` that move what runs (every unmarked one)."""
+    return tuple(p for p in problems if not is_soft(p))
+
+
+def soft_problems(problems: tuple[str, ...]) -> tuple[str, ...]:
+    """The lines of `problems` that only keep new work off, without their mark."""
+    return tuple(p.removeprefix(SOFT_MARK) for p in problems if is_soft(p))
+
+
 @frozen
 class Gpu:
     index: int  # NVML's index, which CUDA uses under CUDA_DEVICE_ORDER=PCI_BUS_ID
@@ -34,9 +67,10 @@ class Gpu:
     # Peer GPU UUID -> number of NVLink links between the two.
     nvlink_peers: dict[str, int] = field(factory=dict)
     # Why this GPU may not be placed, one line each ("lost: GPU is lost", "MIG mode is
-    # on", "2 volatile uncorrected ECC errors", "row remap pending", "NVSwitch fabric not
-    # ready (in progress)", "Xid 79 at ..."); empty: healthy. A replica on a GPU that
-    # turns unhealthy is moved away (replacement first), as a drain moves it.
+    # on", "NVSwitch fabric not ready (in progress)", "Xid 79 at ...", and soft ones, marked
+    # (SOFT_MARK): "no new work: row remap pending ..."); empty: healthy. A replica on a
+    # GPU with a hard problem is moved away (replacement first), as a drain moves it; a
+    # soft one only keeps new replicas off.
     problems: tuple[str, ...] = ()
     # Compute processes on it that are not engines this agent runs.
     processes: tuple[GpuProcess, ...] = ()
@@ -49,11 +83,21 @@ class Gpu:
 
     @property
     def healthy(self) -> bool:
-        return not self.problems
+        """No hard problem: what runs here may stay."""
+        return not self.hard_problems
+
+    @property
+    def hard_problems(self) -> tuple[str, ...]:
+        return hard_problems(self.problems)
+
+    @property
+    def soft_problems(self) -> tuple[str, ...]:
+        return soft_problems(self.problems)
 
     @property
     def placeable(self) -> bool:
-        """Healthy and not releasing: placement may give it to a replica."""
+        """No problem, hard or soft, and not releasing: placement may give it to a new
+        replica."""
         return not self.problems and not self.releasing
 
 

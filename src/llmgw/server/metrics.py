@@ -78,7 +78,7 @@ class ServerMetrics:
             self.placement.observe(seconds)
 
     def gpus_by_state(self, o: Orchestrator) -> Counter[str]:
-        """GPUs on nodes not lost, by gpu_state (unhealthy, releasing, held, healthy)."""
+        """GPUs on nodes not lost, by gpu_state (unhealthy, degraded, releasing, held, healthy)."""
         total: Counter[str] = Counter()
         seen = self.gpu_counts
         live = set()
@@ -168,9 +168,10 @@ class _Collector:
                                           "Replicas waiting for room (pending, with a reason)")
         gpus = GaugeMetricFamily(
             "llmgw_server_gpus",
-            "GPUs on nodes not lost, by state: unhealthy (a problem: never placed, replicas "
-            "move off), releasing (an engine's memory not back), held (other processes on "
-            "it), healthy", labels=["state"])
+            "GPUs on nodes not lost, by state: unhealthy (a hard problem: never placed, replicas "
+            "move off), degraded (a soft problem: no new replica, what runs stays), releasing "
+            "(an engine's memory not back), held (other processes on it), healthy",
+            labels=["state"])
         holding = GaugeMetricFamily("llmgw_server_mass_loss_hold",
                                     "1 while the mass-loss guard holds re-placement, else 0")
         received = CounterMetricFamily("llmgw_server_messages_received",

@@ -35,15 +35,18 @@ def _storage(s: StorageReport) -> dict[str, Any]:
     }
 
 
-GPU_STATES = ("healthy", "unhealthy", "releasing", "held")
+GPU_STATES = ("healthy", "unhealthy", "degraded", "releasing", "held")
 
 
 def gpu_state(g: Gpu) -> str:
-    """One word per GPU, the first that holds: "unhealthy" (problems: never placed, its
-    replicas move), "releasing" (an engine's memory not back yet: never placed), "held"
-    (other processes on it: placed only where enough memory is free), "healthy"."""
-    if g.problems:
+    """One word per GPU, the first that holds: "unhealthy" (a hard problem: never placed,
+    its replicas move), "degraded" (only soft problems: no new replica, what runs stays),
+    "releasing" (an engine's memory not back yet: never placed), "held" (other processes on
+    it: placed only where enough memory is free), "healthy"."""
+    if g.hard_problems:
         return "unhealthy"
+    if g.problems:
+        return "degraded"
     if g.releasing:
         return "releasing"
     if g.processes:
@@ -56,7 +59,8 @@ def _gpus(inv: Inventory) -> list[dict[str, Any]]:
         {"uuid": g.uuid, "index": g.index, "name": g.name, "memory_total": g.memory_total,
          "memory_free": g.memory_free, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node,
          "nvlink_peers": dict(g.nvlink_peers), "state": gpu_state(g),
-         "problems": list(g.problems), "releasing": g.releasing,
+         "problems": list(g.hard_problems), "soft_problems": list(g.soft_problems),
+         "releasing": g.releasing,
          "processes": [{"pid": p.pid, "command": p.command, "memory": p.memory}
                        for p in g.processes]}
         for g in inv.gpus

@@ -18,6 +18,7 @@ from llmgw.agent.discovery.engine_check import check_engines
 from llmgw.agent.discovery.gpus import PCI_ROOT, read_gpus
 from llmgw.agent.discovery.infiniband import assess_fabrics, read_hcas
 from llmgw.agent.discovery.mountinfo import Mount, parse_mountinfo
+from llmgw.agent.discovery.nvml import GpuReads
 from llmgw.agent.discovery.pcie import link_path, sysfs_name
 from llmgw.agent.discovery.storage import scan_storage
 from llmgw.agent.engines.weights import download_dir_of
@@ -63,18 +64,20 @@ async def discover(
     search_path: str | None = None,
     logged: set[str] | None = None,
     python: str = sys.executable,
+    gpu_reads: GpuReads | None = None,
 ) -> Inventory:
     """What this node has. Raises DiscoveryError when it contradicts the config.
 
     `nvml`: a pynvml-like object (None: the real pynvml when installed). `logged`: the
     warnings already logged by earlier runs, so a periodic rerun does not repeat them.
     `python`: the interpreter of the simulated engine where `engines.simulated_python`
-    is unset (the agent's own).
+    is unset (the agent's own). `gpu_reads`: what NVML reads carry from one to the next
+    (an NVML read error is a problem only after several in a row; None: at once).
     """
     disc = config.discovery
     gpu_reading = await trio.to_thread.run_sync(
         functools.partial(read_gpus, disc, nvml=nvml, search_path=search_path, pci_root=pci_root,
-                          node_id=config.node_id)
+                          node_id=config.node_id, reads=gpu_reads)
     )
     gpus = await trio.to_thread.run_sync(_with_pci_paths, gpu_reading.gpus, pci_root)
     hcas = await trio.to_thread.run_sync(read_hcas, disc.ib_root)

@@ -24,7 +24,7 @@ from llmgw.agent.discovery.nvidia_smi import (
     parse_topo,
     sysfs_bus_id,
 )
-from llmgw.agent.discovery.nvml import read_nvml
+from llmgw.agent.discovery.nvml import GpuReads, read_nvml
 from llmgw.config.agent import DiscoveryConfig
 from llmgw.model.inventory import Gpu, GpuSource
 
@@ -72,13 +72,13 @@ def _ordered(gpus: list[Gpu]) -> tuple[Gpu, ...]:
     return tuple(sorted(gpus, key=lambda g: (not g.pci_bus_id, g.pci_bus_id, g.index)))
 
 
-def _try_nvml(nvml: Any, pci_root: str) -> tuple[list[Gpu] | None, str]:
+def _try_nvml(nvml: Any, pci_root: str, reads: GpuReads | None = None) -> tuple[list[Gpu] | None, str]:
     try:
         nvml.nvmlInit()
     except Exception as exc:
         return None, f"NVML did not load ({exc})"
     try:
-        return read_nvml(nvml, lambda bus: numa_from_sysfs(bus, pci_root)), ""
+        return read_nvml(nvml, lambda bus: numa_from_sysfs(bus, pci_root), reads=reads), ""
     except GpuOutputError as exc:
         return None, str(exc)
     finally:
@@ -185,12 +185,14 @@ def read_gpus(
     search_path: str | None = None,
     pci_root: str = PCI_ROOT,
     node_id: str = "node",
+    reads: GpuReads | None = None,
 ) -> GpuReading:
     """Read this node's GPUs, ordered by PCI bus id. `nvml` None: try the real pynvml.
+    `reads`: what one NVML read hands the next (nvml.GpuReads); None: no history.
 
     Where no GPU source answers and `config.simulated_gpus` > 0, that many simulated GPUs
     stand in (for trying llmgw without GPUs)."""
-    reading = _read_real(config, nvml=nvml, search_path=search_path, pci_root=pci_root)
+    reading = _read_real(config, nvml=nvml, search_path=search_path, pci_root=pci_root, reads=reads)
     if reading.source is not GpuSource.NONE or config.simulated_gpus <= 0:
         return reading
     if node_id not in _announced:
@@ -207,6 +209,7 @@ def _read_real(
     nvml: Any | None,
     search_path: str | None,
     pci_root: str,
+    reads: GpuReads | None = None,
 ) -> GpuReading:
     if config.skip_gpus:
         return GpuReading(source=GpuSource.SKIPPED)
@@ -216,7 +219,7 @@ def _read_real(
         if module is None:
             notes.append("NVML not installed")
         else:
-            gpus, why = _try_nvml(module, pci_root)
+            gpus, why = _try_nvml(module, pci_root, reads)
             if gpus is not None:
                 return GpuReading(_ordered(gpus), GpuSource.NVML)
             notes.append(why)

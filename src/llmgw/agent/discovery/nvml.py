@@ -5,6 +5,12 @@ Blocking: run it in `trio.to_thread`. The caller decides what to do when NVML is
 Each GPU is read on its own: one that NVML cannot read (lost, fallen off the bus, an
 error on one field) is reported with its problems and what could be read, and the others
 still count. Only nvmlDeviceGetCount failing means NVML gives nothing.
+
+A read error on one field is a problem only once READ_ERRORS_IN_A_ROW reads of it failed
+in a row (gpu_health.next_streak), where the caller keeps a `GpuReads` from one read to
+the next (the agent does); meanwhile what that field said last time stands in for it. A
+caller without one (a one-shot check) sees every error at once. GPU_IS_LOST counts at once
+either way: the driver has given the GPU up.
 """
 
 from __future__ import annotations
@@ -12,12 +18,20 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from attrs import evolve
 
-from llmgw.agent.discovery.gpu_health import FabricReading, HealthReading, health_problems
+from llmgw.agent.discovery.gpu_health import (
+    READ_ERRORS_IN_A_ROW,
+    FabricReading,
+    HealthReading,
+    ReadStreak,
+    classify,
+    next_streak,
+)
 from llmgw.agent.discovery.nvidia_smi import GpuOutputError, normalise_bus_id
 from llmgw.agent.gpu_memory import GpuMemory
 from llmgw.model.inventory import Gpu, GpuProcess
@@ -31,6 +45,9 @@ MAX_LINKS = 18
 ERROR_NOT_SUPPORTED = 3
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+NVML_SUCCESS = 0
+# pynvml's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, for modules that do not name it.
+FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 MEMORY_ERROR_TYPE_UNCORRECTED = 1
 VOLATILE_ECC = 0
 # A command line is shown shortened: enough to tell `python train.py` from a notebook.
@@ -87,15 +104,56 @@ def proc_cmdline(pid: int, proc_root: str = "/proc") -> str:
         return ""
 
 
+class GpuReads:
+    """What one read of this node's GPUs hands the next: per NVML index, each field's
+    read errors in a row and the GPU's last record; per UUID, its last health reading
+    (the Xid watch's reset check reads them). Discovery and the check before a spawn
+    share one, from their threads: a lock around the little each does."""
+
+    def __init__(self, limit: int = READ_ERRORS_IN_A_ROW) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._streaks: dict[int, ReadStreak] = {}
+        self._last: dict[int, Gpu] = {}
+        self._health: dict[str, HealthReading] = {}
+
+    def after(self, index: int, errors: dict[str, str]) -> tuple[str, ...]:
+        """The problems of GPU `index`'s read errors this time (next_streak)."""
+        with self._lock:
+            state, problems = next_streak(self._streaks.get(index, ReadStreak()), errors, limit=self.limit)
+            self._streaks[index] = state
+        for what, why in errors.items():
+            if not problems:
+                # Bounded: one line per field per read, at most a field count per GPU.
+                log.info("GPU %d: NVML error reading %s (%d in a row; a problem at %d): %s",
+                         index, what, state.counts[what], self.limit, why)
+        return problems
+
+    def last(self, index: int) -> Gpu | None:
+        with self._lock:
+            return self._last.get(index)
+
+    def keep(self, gpu: Gpu, health: HealthReading) -> None:
+        with self._lock:
+            self._last[gpu.index] = gpu
+            self._health[gpu.uuid] = health
+
+    def health(self) -> dict[str, HealthReading]:
+        """The last health reading of each GPU, by UUID."""
+        with self._lock:
+            return dict(self._health)
+
+
 class _Reader:
-    """Calls NVML for one GPU, turning each failure into a problem line.
+    """Calls NVML for one GPU, keeping each failure as a read error of its field.
 
     After a lost-GPU error nothing more is asked of that GPU: every call would fail the
     same way, and some take seconds each on a GPU that has fallen off the bus."""
 
     def __init__(self, nvml: Any) -> None:
         self.nvml = nvml
-        self.problems: list[str] = []
+        self.problems: list[str] = []  # lost: counts at once
+        self.errors: dict[str, str] = {}  # field -> NVML's words: counted in a streak
         self.lost = False
 
     def get(self, what: str, call: Callable[[], Any], default: Any) -> Any:
@@ -126,7 +184,7 @@ class _Reader:
             self.lost = True
             self.problems.append(f"lost: {exc}")
         else:
-            self.problems.append(f"NVML error reading {what}: {exc}")
+            self.errors[what] = str(exc)
 
 
 def _nvlinks(nvml: Any, handle: Any) -> dict[str, int]:
@@ -170,6 +228,18 @@ def _fabric(nvml: Any, handle: Any) -> FabricReading:
     return FabricReading(state, status, text)
 
 
+def _recovery_action(nvml: Any, handle: Any) -> int:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t). A field value
+    carries its own return code: Not Supported there (drivers before R550) is raised as
+    NVML would, so that it reads as not applicable."""
+    fid = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FI_DEV_GET_GPU_RECOVERY_ACTION)
+    value = nvml.nvmlDeviceGetFieldValues(handle, [fid])[0]
+    ret = int(value.nvmlReturn)
+    if ret != getattr(nvml, "NVML_SUCCESS", NVML_SUCCESS):
+        raise nvml.NVMLError(ret)
+    return int(value.value.uiVal)
+
+
 def read_health(nvml: Any, handle: Any, r: _Reader) -> HealthReading:
     ecc_type = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", MEMORY_ERROR_TYPE_UNCORRECTED)
     volatile = getattr(nvml, "NVML_VOLATILE_ECC", VOLATILE_ECC)
@@ -183,6 +253,7 @@ def read_health(nvml: Any, handle: Any, r: _Reader) -> HealthReading:
         retired_pages_pending=r.optional(
             "retired pages", lambda: int(nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))),
         fabric=r.optional("NVSwitch fabric", lambda: _fabric(nvml, handle)),
+        recovery_action=r.optional("recovery action", lambda: _recovery_action(nvml, handle)),
     )
 
 
@@ -212,14 +283,38 @@ def _unreadable(index: int, exc: BaseException, lost: bool) -> Gpu:
                problems=(why, f"UUID unknown (NVML gave no handle): listed as {uuid}"))
 
 
+def _streak(reads: GpuReads | None, i: int, errors: dict[str, str]) -> tuple[str, ...]:
+    if reads is None:  # no history: every error counts now
+        return next_streak(ReadStreak(), errors, limit=1)[1]
+    return reads.after(i, errors)
+
+
+def _no_handle(nvml: Any, i: int, exc: BaseException, reads: GpuReads | None) -> Gpu:
+    last = reads.last(i) if reads is not None else None
+    if _lost(nvml, exc):
+        problems: tuple[str, ...] = (f"lost: {exc}",)
+    else:
+        problems = _streak(reads, i, {"the handle": str(exc)})
+        if not problems and last is not None:
+            return last  # a passing error: the GPU as it was last read
+    if last is None:
+        return _unreadable(i, exc, _lost(nvml, exc))
+    # Its identity as last read, so that what runs on it is moved off the right GPU.
+    gpu = evolve(last, problems=problems, processes=())
+    if reads is not None:
+        reads.keep(gpu, HealthReading(lost=_lost(nvml, exc)))
+    return gpu
+
+
 def _read_one(
-    nvml: Any, i: int, numa_of: Callable[[str], int | None], cmdline_of: CmdlineReader, *, links: bool
+    nvml: Any, i: int, numa_of: Callable[[str], int | None], cmdline_of: CmdlineReader, *, links: bool,
+    reads: GpuReads | None = None,
 ) -> tuple[Gpu, dict[str, int]]:
     try:
         h = nvml.nvmlDeviceGetHandleByIndex(i)
     except Exception as exc:
         log.debug("NVML GPU %d: no handle: %s", i, exc)
-        return _unreadable(i, exc, _lost(nvml, exc)), {}
+        return _no_handle(nvml, i, exc, reads), {}
     r = _Reader(nvml)
     bus = r.get("PCI bus id", lambda: _bus_id(nvml.nvmlDeviceGetPciInfo(h)), "")
     uuid = r.get("UUID", lambda: _text(nvml.nvmlDeviceGetUUID(h)), "")
@@ -229,11 +324,8 @@ def _read_one(
     numa = None if r.lost else _numa(nvml, h, bus, numa_of)
     health = read_health(nvml, h, r)
     procs = r.get("processes", lambda: read_processes(nvml, h, cmdline_of), ())
-    problems = [*r.problems]
-    if not uuid:
-        uuid = f"unknown-{bus or i}"
-        problems.append(f"UUID unknown (NVML could not read it): listed as {uuid}")
-    problems.extend(health_problems(health))
+    health = evolve(health, lost=r.lost)
+    problems = [*r.problems, *_streak(reads, i, r.errors)]
     gpu = Gpu(
         index=i,
         uuid=uuid,
@@ -243,10 +335,38 @@ def _read_one(
         pci_bus_id=bus,
         numa_node=numa,
         compute_capability=cap,
-        problems=tuple(dict.fromkeys(problems)),
         processes=procs,
     )
+    last = reads.last(i) if reads is not None else None
+    if last is not None:
+        gpu = _as_last(gpu, last, r.errors)
+    if not gpu.uuid:
+        uuid = f"unknown-{gpu.pci_bus_id or i}"
+        gpu = evolve(gpu, uuid=uuid)
+        problems.append(f"UUID unknown (NVML could not read it): listed as {uuid}")
+    problems.extend(classify(health).lines)
+    gpu = evolve(gpu, problems=tuple(dict.fromkeys(problems)))
+    if reads is not None and not gpu.uuid.startswith("unknown-"):
+        reads.keep(gpu, health)
     return gpu, (_nvlinks(nvml, h) if links and not r.lost else {})
+
+
+def _as_last(gpu: Gpu, last: Gpu, errors: dict[str, str]) -> Gpu:
+    """`gpu` with what the fields that failed this time said last time: one passing
+    error must not rename the GPU (a new UUID is a new GPU to the server), zero its
+    memory or forget what holds it."""
+    if not errors:
+        return gpu
+    return evolve(
+        gpu,
+        uuid=gpu.uuid or last.uuid,
+        pci_bus_id=gpu.pci_bus_id or last.pci_bus_id,
+        name=gpu.name or last.name,
+        memory_total=last.memory_total if "memory" in errors else gpu.memory_total,
+        memory_free=last.memory_free if "memory" in errors else gpu.memory_free,
+        compute_capability=gpu.compute_capability or last.compute_capability,
+        processes=last.processes if "processes" in errors else gpu.processes,
+    )
 
 
 def _count(nvml: Any) -> int:
@@ -260,6 +380,7 @@ def read_nvml(
     nvml: Any,
     numa_of: Callable[[str], int | None] = lambda _bus: None,
     cmdline_of: CmdlineReader = proc_cmdline,
+    reads: GpuReads | None = None,
 ) -> list[Gpu]:
     """Every GPU NVML sees, with NVLink peers by UUID, health problems and compute
     processes. `nvml.nvmlInit` must have succeeded. Raises GpuOutputError only when NVML
@@ -272,7 +393,7 @@ def read_nvml(
     gpus: list[Gpu] = []
     links: list[dict[str, int]] = []
     for i in range(_count(nvml)):
-        gpu, ls = _read_one(nvml, i, numa_of, cmdline_of, links=True)
+        gpu, ls = _read_one(nvml, i, numa_of, cmdline_of, links=True, reads=reads)
         gpus.append(gpu)
         links.append(ls)
     uuid_of = {g.pci_bus_id: g.uuid for g in gpus if g.pci_bus_id}
@@ -288,7 +409,9 @@ def read_nvml(
     return out
 
 
-def read_gpu_memory(nvml: Any, cmdline_of: CmdlineReader = proc_cmdline) -> dict[str, GpuMemory] | None:
+def read_gpu_memory(
+    nvml: Any, cmdline_of: CmdlineReader = proc_cmdline, reads: GpuReads | None = None
+) -> dict[str, GpuMemory] | None:
     """Per GPU UUID: NVML's index, total and free MiB, every compute process, problems
     (health included). Opens its own NVML session (nvmlInit is reference-counted, so a
     session held by the metrics stays open). None when NVML does not answer at all; one
@@ -304,7 +427,7 @@ def read_gpu_memory(nvml: Any, cmdline_of: CmdlineReader = proc_cmdline) -> dict
         count = _count(nvml)
         out: dict[str, GpuMemory] = {}
         for i in range(count):
-            g, _ = _read_one(nvml, i, lambda _bus: None, cmdline_of, links=False)
+            g, _ = _read_one(nvml, i, lambda _bus: None, cmdline_of, links=False, reads=reads)
             out[g.uuid] = GpuMemory(g.uuid, g.index, g.memory_total, g.memory_free, g.processes,
                                     g.problems)
         return out

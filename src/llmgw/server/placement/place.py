@@ -6,7 +6,7 @@ match the selector; it has enough free GPUs; for a gang (`nodes > 1`) every memb
 shares one fabric that is not down on any of them and has the same GPU model. Islands
 (no fabrics) never hold a multi-node replica.
 
-A free GPU is one no replica of ours holds, placeable (healthy and not releasing, as the
+A free GPU is one no replica of ours holds, placeable (no problem, hard or soft, and not releasing, as the
 agent reports it) and with at least the engine's need in free memory:
 `memory_need(engine, args, total, gpu_memory_min)` (vLLM's --gpu-memory-utilization x
 total, SGLang's --mem-fraction-static, 0.9 by default; gpu_memory_min a floor). vLLM
@@ -458,6 +458,7 @@ def _gpu_account(n: _Node, d: Deployment, roomy: int) -> str:
     python train.py 61 GiB); GPU 4 releasing (...); 3 GPUs with >= 72 GiB free, 4 needed"."""
     free = set(n.free)
     unhealthy: dict[tuple[str, ...], list[int]] = {}
+    degraded: dict[tuple[str, ...], list[int]] = {}
     releasing: dict[str, list[int]] = {}
     held: dict[tuple[tuple[int, str, int], ...], list[int]] = {}
     short: list[tuple[int, int]] = []
@@ -465,8 +466,10 @@ def _gpu_account(n: _Node, d: Deployment, roomy: int) -> str:
     ours: list[int] = []
     need = 0
     for g in n.gpus.values():
-        if g.problems:
-            unhealthy.setdefault(g.problems, []).append(g.index)
+        if g.hard_problems:
+            unhealthy.setdefault(g.hard_problems, []).append(g.index)
+        elif g.problems:
+            degraded.setdefault(g.soft_problems, []).append(g.index)
         elif g.releasing:
             releasing.setdefault(g.releasing, []).append(g.index)
         elif g.uuid not in free:
@@ -485,6 +488,8 @@ def _gpu_account(n: _Node, d: Deployment, roomy: int) -> str:
                 short.append((g.index, g.memory_free))
     parts = [f"{_which(ix)} unhealthy ({_listed([_text(p) for p in why])})"
              for why, ix in sorted(unhealthy.items(), key=lambda x: min(x[1]))]
+    parts += [f"{_which(ix)} taking no new work ({_listed([_text(p) for p in why])})"
+              for why, ix in sorted(degraded.items(), key=lambda x: min(x[1]))]
     for procs, ix in sorted(held.items(), key=lambda x: min(x[1])):
         names = [f"pid {pid} {_text(cmd)}" + (f" {_gib(mem)}" if mem else "")
                  for pid, cmd, mem in procs]

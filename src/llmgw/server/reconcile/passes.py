@@ -239,7 +239,7 @@ class Pass:
             for u in m.gpus:
                 g = bad.get(u)
                 if g is not None:
-                    return f"GPU {g.index} on {m.node_id} unhealthy ({_problems(g.problems)})"
+                    return f"GPU {g.index} on {m.node_id} unhealthy ({_problems(g.hard_problems)})"
         return ""
 
     def must_move(self, r: Replica) -> str:

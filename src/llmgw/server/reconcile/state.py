@@ -124,7 +124,9 @@ class ReconcileState:
         self.dirty_nodes.add(nid)
 
     def _note_sick(self, nid: str, view: NodeView) -> None:
-        sick = {g.uuid: g for g in view.inventory.gpus if g.problems}
+        # Hard problems only: a soft one (a pending row remap, volatile ECC errors) keeps
+        # new replicas off the GPU (placement's `placeable`) and moves nothing.
+        sick = {g.uuid: g for g in view.inventory.gpus if g.hard_problems}
         if sick:
             self.sick[nid] = sick
         else:

@@ -72,6 +72,7 @@ function nvlinkGroups(gpus) {
 function gpuNotes(g) {
   const out = [];
   for (const p of g.problems || []) out.push("unhealthy: " + p);
+  for (const p of g.soft_problems || []) out.push("takes no new work: " + p);
   if (g.releasing) out.push("releasing: " + g.releasing);
   for (const p of g.processes || []) {
     out.push(`held by pid ${p.pid} (${p.command})` + (p.memory ? `, ${mib(p.memory)}` : ""));
