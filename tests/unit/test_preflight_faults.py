@@ -165,6 +165,17 @@ def test_the_probe_exits_on_its_first_failed_rank(tmp_path: Path) -> None:
                           timeout=60, env={"PYTHONPATH": str(tmp_path), PROBE_ENV: json.dumps(cfg)})
     r = parse_output(done.stdout, 29611)
     assert done.returncode == 1 and r.fault == PORT_FAULT and r.port == 29611, done.stdout + done.stderr
+    # A rank that dies before its answer (no exception to report) is the answer too.
+    (fake / "distributed.py").write_text(
+        "import os, time\n"
+        "def init_process_group(backend, init_method, rank, world_size, timeout):\n"
+        "    if rank == 1:\n"
+        "        os._exit(7)\n"
+        "    time.sleep(600)\n")
+    done = subprocess.run([sys.executable, preflight_probe.__file__], capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(tmp_path), PROBE_ENV: json.dumps(cfg)})
+    r = parse_output(done.stdout)
+    assert done.returncode == 1 and r.error == "a rank exited with code 7 before its result", done.stdout
 
 
 async def test_the_agent_reports_the_taken_port_with_the_exit(tmp_path: Path) -> None:

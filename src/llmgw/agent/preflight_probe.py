@@ -19,7 +19,8 @@ bandwidth as nccl-tests computes it: algbw = size / time, busbw = algbw x 2(n-1)
 figure comparable with the links' rate whatever n is. Local rank 0 prints one line:
 `LLMGW_PREFLIGHT {"ok": true, "backend": ..., "world": n, "results": [{"bytes", "seconds",
 "algbw_gbps", "busbw_gbps"}, ...]}` (GB/s as nccl-tests prints them, 1e9 bytes), or with
-"ok": false and "error". The exit code is 0 only when every rank passed.
+"ok": false and "error" (the first rank's to fail: the others could only wait out the
+timeout for it). The exit code is 0 only when every rank passed.
 """
 
 from __future__ import annotations

