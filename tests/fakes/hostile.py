@@ -325,7 +325,9 @@ inventories = st.builds(Inventory, gpus=st.lists(gpus, max_size=3).map(tuple),
                         warnings=st.lists(short_text, max_size=3).map(tuple))
 reports = st.builds(EngineReport, replica_id=ids, generation=st.integers(0, 2**63 - 1),
                     state=st.sampled_from(list(EngineState)), reason=short_text,
-                    log_tail=st.lists(st.text(max_size=200), max_size=5).map(tuple))
+                    log_tail=st.lists(st.text(max_size=200), max_size=5).map(tuple),
+                    # An engine's own key (issue 30): what a header may carry, or none.
+                    api_key=st.text(alphabet="abcXYZ019-_.~+/=", max_size=128))
 specs = st.builds(EngineSpec, replica_id=ids, generation=st.integers(0, 100), deployment=ids, model=ids,
                   served_name=ids, engine=st.sampled_from(list(EngineKind)),
                   gpus=st.lists(short_text, max_size=2).map(tuple), port=st.integers(1, 65535))

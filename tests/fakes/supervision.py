@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import trio
 from attrs import evolve
 
+from fakes.engine_keys import auth, engine_key
 from llmgw.agent.engines import LaunchPlan, ProcessPlan
 from llmgw.agent.gpu_memory import GpuMemory
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
@@ -101,11 +102,12 @@ class Reports:
 
 
 def chat(port: int, name: str, timeout: float = 10) -> int:
-    """POST /v1/chat/completions to an engine on 127.0.0.1; its status."""
+    """POST /v1/chat/completions to an engine on 127.0.0.1, with its own key; its status."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         body = json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", body,
+                     {"Content-Type": "application/json", **auth(engine_key(port))})
         resp = conn.getresponse()
         resp.read()
         return resp.status

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from fakes.engine_keys import auth, url_key
 from fakes.engines import free_port
 from fakes.live import Cluster, Proc, wait_for
 
@@ -162,8 +163,9 @@ class DrainWatch:
             try:
                 rows = [r for r in rig.status()["replicas"] if r["state"] == "draining"]
                 for r in rows:
-                    with urllib.request.urlopen(r["endpoint"].rstrip("/") + "/metrics",
-                                                timeout=2) as resp:
+                    req = urllib.request.Request(r["endpoint"].rstrip("/") + "/metrics",
+                                                 headers=auth(url_key(r["endpoint"])))
+                    with urllib.request.urlopen(req, timeout=2) as resp:
                         text = resp.read().decode()
                     m = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? (\S+)$", text, re.M)
                     if m:

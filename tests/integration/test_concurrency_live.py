@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from fakes.engine_keys import auth, url_key
 from fakes.live import Cluster, simulated, wait_for
 from fakes.web import Reply, post
 
@@ -27,7 +28,8 @@ SLOW = 'env:\n  LLMGW_SIM_TTFT: "1.0"\n  LLMGW_SIM_TOKENS_PER_SECOND: "1000"\n'
 
 def in_flight(endpoint: str) -> int:
     """Requests the engine runs or queues now (vLLM's gauges, as the simulated engine keeps them)."""
-    with urllib.request.urlopen(endpoint.rstrip("/") + "/metrics", timeout=2) as resp:
+    req = urllib.request.Request(endpoint.rstrip("/") + "/metrics", headers=auth(url_key(endpoint)))
+    with urllib.request.urlopen(req, timeout=2) as resp:
         text = resp.read().decode()
     return sum(int(float(m)) for m in re.findall(
         r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)$", text, re.M))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_autoscale_live import Rig, rig, serving, stream  # noqa: F401 (rig: the fixture)
 
+from fakes.engine_keys import auth, url_key
 from fakes.live import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out real windows: .ci/run -m live_long
@@ -46,7 +47,8 @@ def _record(root: Path) -> dict:
 
 
 def _is_sleeping(endpoint: str) -> bool:
-    with urllib.request.urlopen(endpoint.rstrip("/") + "/is_sleeping", timeout=5) as r:
+    req = urllib.request.Request(endpoint.rstrip("/") + "/is_sleeping", headers=auth(url_key(endpoint)))
+    with urllib.request.urlopen(req, timeout=5) as r:
         return bool(json.loads(r.read())["is_sleeping"])
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 from attrs import evolve
 
+from fakes.engine_keys import engine_key
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
@@ -32,7 +33,8 @@ async def _ready(reports: Reports, rid: str) -> EngineReport:
 
 async def _until(spec: EngineSpec, asleep: bool) -> None:
     with trio.fail_after(10):
-        while await engine_sleep.is_sleeping("127.0.0.1", spec.port) is not asleep:
+        while await engine_sleep.is_sleeping("127.0.0.1", spec.port,
+                                             key=engine_key(spec.port)) is not asleep:
             await trio.sleep(0.02)
 
 
@@ -52,7 +54,8 @@ async def test_asleep_follows_the_spec_without_a_restart(tmp_path: Path) -> None
         await sup.apply((evolve(spec, asleep=False),))
         await _until(spec, False)
         status, body = await call("127.0.0.1", spec.port, "POST", "/v1/completions",
-                                  {"model": "m", "prompt": "hi", "max_tokens": 2}, timeout=5)
+                                  {"model": "m", "prompt": "hi", "max_tokens": 2}, timeout=5,
+                                  key=engine_key(spec.port))
         assert status == 200 and json.loads(body)["choices"]
         await sup.apply((spec,))
         await _until(spec, True)

@@ -213,7 +213,8 @@ async def test_probe_timeout_is_the_setting_and_longer_for_sglang(
         tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[float] = []
 
-    async def fake_health(host: str, port: int, *, timeout: float = 2.0, path: str = "") -> bool:
+    async def fake_health(host: str, port: int, *, timeout: float = 2.0, path: str = "",
+                          key: str = "") -> bool:
         asked.append(timeout)
         return True
 
@@ -237,7 +238,8 @@ LOADING = ("sh", "-c", "for i in $(seq 30); do echo loading $i; sleep 0.1; done;
 
 async def _fails(tmp_path: Path, s: EngineSpec, argv: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
                  *, size: int = 0, **sup: float) -> tuple[float, str]:
-    async def never(host: str, port: int, *, timeout: float = 2.0, path: str = "") -> bool:
+    async def never(host: str, port: int, *, timeout: float = 2.0, path: str = "",
+                    key: str = "") -> bool:
         return False
 
     monkeypatch.setattr(supervisor, "http_health", never)

@@ -25,6 +25,7 @@ from llmgw.agent.adapters import (
     answer_error,
     loaded_adapters,
 )
+from llmgw.agent.health import key_headers
 from llmgw.http1.client import NoAnswer, request
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.response import ResponseParser
@@ -44,10 +45,11 @@ class EngineCallError(Exception):
 
 
 async def call(host: str, port: int, method: str, path: str, payload: Any = None, *,
-               timeout: float) -> tuple[int, bytes]:
-    """(status, body) of one request; EngineCallError when no answer came."""
+               timeout: float, key: str = "") -> tuple[int, bytes]:
+    """(status, body) of one request; EngineCallError when no answer came. `key`: the
+    engine's own API key (issue 30), sent as `Authorization: Bearer`."""
     body = b"" if payload is None else json.dumps(payload).encode()
-    headers: tuple[tuple[str, str], ...] = (("Accept", "application/json"),)
+    headers: tuple[tuple[str, str], ...] = (("Accept", "application/json"), *key_headers(key))
     if payload is not None:
         headers += (("Content-Type", "application/json"),)
     try:
@@ -72,10 +74,10 @@ def parse_answer(raw: bytes, what: str) -> tuple[int, bytes]:
 
 
 async def sync_adapters(host: str, port: int, served_name: str, wanted: tuple[Adapter, ...],
-                        *, rid: str = "") -> SyncResult:
+                        *, rid: str = "", key: str = "") -> SyncResult:
     """Load and unload on the engine at host:port until it has `wanted`; what it has then.
     EngineCallError when its list of models could not be read (nothing was changed)."""
-    status, body = await call(host, port, "GET", MODELS_PATH, timeout=LIST_TIMEOUT)
+    status, body = await call(host, port, "GET", MODELS_PATH, timeout=LIST_TIMEOUT, key=key)
     if status != 200:
         raise EngineCallError(f"GET {MODELS_PATH}: {answer_error(status, body)}")
     try:
@@ -86,7 +88,8 @@ async def sync_adapters(host: str, port: int, served_name: str, wanted: tuple[Ad
     for action in adapter_actions(wanted, loaded):
         path, payload = action.request()
         try:
-            status, answer = await call(host, port, "POST", path, payload, timeout=LOAD_TIMEOUT)
+            status, answer = await call(host, port, "POST", path, payload, timeout=LOAD_TIMEOUT,
+                                        key=key)
             err = answer_error(status, answer)
         except EngineCallError as exc:
             err = str(exc)
@@ -112,8 +115,9 @@ class AdapterKeeper:
 
     def __init__(self, host: str, port: int, rid: str,
                  wanted: Callable[[], tuple[str, tuple[Adapter, ...]]],
-                 ready: Callable[[], bool], on_result: Callable[[SyncResult], None]) -> None:
-        self._host, self._port, self._rid = host, port, rid
+                 ready: Callable[[], bool], on_result: Callable[[SyncResult], None],
+                 key: str = "") -> None:
+        self._host, self._port, self._rid, self._key = host, port, rid, key
         self._wanted, self._ready, self._on_result = wanted, ready, on_result
         self._due = trio.Event()
         self._last = SyncResult((), ())
@@ -129,7 +133,8 @@ class AdapterKeeper:
                 continue  # turning ready pokes again
             served, wanted = self._wanted()
             try:
-                result = await sync_adapters(self._host, self._port, served, wanted, rid=self._rid)
+                result = await sync_adapters(self._host, self._port, served, wanted, rid=self._rid,
+                                             key=self._key)
             except EngineCallError as exc:
                 # A busy engine may miss LIST_TIMEOUT: what it had loaded stays routed (the
                 # server drops any the spec no longer wants), and the sync is tried again.

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 from attrs import define
 
-from llmgw.http1.client import get
+from llmgw.http1.client import NoAnswer, request
 from llmgw.model.engine import EngineKind
 
 log = logging.getLogger(__name__)
@@ -86,9 +86,22 @@ class HealthTracker:
 Probe = Callable[[], Awaitable[bool]]
 
 
-async def http_health(host: str, port: int, *, timeout: float = 2.0, path: str = "/health") -> bool:
+def key_headers(key: str) -> tuple[tuple[str, str], ...]:
+    """The header that carries an engine's own key (issue 30; none for ""): on every call
+    the agent makes to an engine, /health included, though only vLLM under llmgw's guard
+    leaves /health open and SGLang every /health* path."""
+    return (("Authorization", f"Bearer {key}"),) if key else ()
+
+
+async def http_health(host: str, port: int, *, timeout: float = 2.0, path: str = "/health",
+                      key: str = "") -> bool:
     """True when GET `path` answers 200 within `timeout`. Refused, hung or other: False."""
-    status, _ = await get(host, port, path, timeout=timeout, head_only=True, user_agent="llmgw-agent")
+    try:
+        status, _ = await request(host, port, "GET", path, timeout=timeout, head_only=True,
+                                  headers=key_headers(key), user_agent="llmgw-agent")
+    except NoAnswer as exc:
+        log.debug("GET http://%s:%d%s: %s", host, port, path, exc)
+        return False
     return status == 200
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from llmgw.http1 import client
+from llmgw.http1.client import NoAnswer
 
 _NAMES = frozenset({
     "vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -62,10 +63,15 @@ def changed(before: int, now: int) -> bool:
     return _kind(before) != _kind(now)
 
 
-async def read_in_flight(host: str, port: int, *, timeout: float) -> int:
-    """The engine's count now; -1 when /metrics does not answer 200 within `timeout`."""
-    status, body = await client.get(host, port, "/metrics", timeout=timeout,
-                                    user_agent="llmgw-agent")
+async def read_in_flight(host: str, port: int, *, timeout: float, key: str = "") -> int:
+    """The engine's count now; -1 when /metrics does not answer 200 within `timeout`.
+    `key`: the engine's own (vLLM's /metrics is behind llmgw's guard)."""
+    headers = (("Authorization", f"Bearer {key}"),) if key else ()
+    try:
+        status, body = await client.request(host, port, "GET", "/metrics", timeout=timeout,
+                                             headers=headers, user_agent="llmgw-agent")
+    except NoAnswer:
+        return -1
     if status != 200:
         return -1
     return parse_in_flight(body.decode("utf-8", "replace"))

@@ -3,7 +3,8 @@
 One record per replica at <work_dir>/engines/<replica>/record.json, written atomically
 (write a temporary file, fsync, rename, fsync the folder). A record is written as
 "pending" (pid 0) before the spawn and completed with the pid, session id and process
-start time right after it, before the engine is reported as started.
+start time right after it, before the engine is reported as started. A record holds the
+engine's API key: it is readable by the agent's user only (0600).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 
-from attrs import evolve, frozen
+from attrs import evolve, field, frozen
 from cattrs.preconf.json import make_converter
 
 from llmgw.model.engine import EngineSpec
@@ -44,6 +46,10 @@ class EngineRecord:
     # is back" means after it ends (gpu_release.still_held), for an adopted engine too.
     # Empty: not read (a record from before, or no GPU reader).
     gpu_free_before: tuple[int, ...] = ()
+    # The engine's own API key (issue 30; engines/keys.py says how the engine gets it):
+    # made before the spawn, kept here so that an adopting agent sends the same one.
+    # "": a record from before keys (that engine was started without one).
+    api_key: str = field(default="", repr=False)
 
     @property
     def pending(self) -> bool:
@@ -51,6 +57,13 @@ class EngineRecord:
 
     def completed(self, pid: int, sid: int, start_time: int) -> EngineRecord:
         return evolve(self, pid=pid, sid=sid, start_time=start_time)
+
+
+def new_key() -> str:
+    """A fresh engine key: 256 random bits, url-safe base64 (no character an HTTP header,
+    YAML or a shell would treat specially), after a prefix that says whose it is and
+    makes it start with a letter (never read as a flag when SGLang turns it into argv)."""
+    return "llmgw-" + secrets.token_urlsafe(32)
 
 
 def engine_dir(work_dir: str, replica_id: str) -> str:
@@ -73,8 +86,10 @@ def write_record(work_dir: str, record: EngineRecord) -> None:
     data = json.dumps(_conv.unstructure(record), indent=1, sort_keys=True).encode()
     final = os.path.join(folder, RECORD)
     tmp = final + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        # A temporary file left by a crash keeps the mode it was made with: set it again.
+        os.fchmod(fd, 0o600)
         os.write(fd, data)
         os.fsync(fd)
     finally:

@@ -30,8 +30,8 @@ SLEEP_LEVEL = 1  # weights kept in CPU memory: the wake is a copy back, not a re
 POLL = 0.02  # seconds between /is_sleeping while waking: the wake is meant to take ~0.1-0.4 s
 
 
-async def is_sleeping(host: str, port: int, *, timeout: float = 5.0) -> bool:
-    status, body = await call(host, port, "GET", "/is_sleeping", timeout=timeout)
+async def is_sleeping(host: str, port: int, *, timeout: float = 5.0, key: str = "") -> bool:
+    status, body = await call(host, port, "GET", "/is_sleeping", timeout=timeout, key=key)
     if status != 200:
         raise EngineError(f"GET /is_sleeping: HTTP {status} (is VLLM_SERVER_DEV_MODE=1 set?)")
     try:
@@ -43,26 +43,26 @@ async def is_sleeping(host: str, port: int, *, timeout: float = 5.0) -> bool:
     return value
 
 
-async def sleep(host: str, port: int, *, timeout: float = 60.0) -> None:
+async def sleep(host: str, port: int, *, timeout: float = 60.0, key: str = "") -> None:
     """Free the engine's GPU memory (level 1); returns once vLLM says it sleeps."""
     # mode=wait: vLLM lets the requests it runs finish, queueing new ones, before it sleeps;
     # its default (abort) would kill one that arrived as the autoscaler decided.
     status, body = await call(host, port, "POST", f"/sleep?level={SLEEP_LEVEL}&mode=wait",
-                              timeout=timeout)
+                              timeout=timeout, key=key)
     if status != 200:
         raise EngineError(f"POST /sleep: HTTP {status}: {body[:200]!r}")
 
 
-async def wake(host: str, port: int, *, timeout: float = 60.0) -> float:
+async def wake(host: str, port: int, *, timeout: float = 60.0, key: str = "") -> float:
     """Wake the engine and wait until /is_sleeping says false; the seconds it took."""
     start = trio.current_time()
     with trio.move_on_after(timeout) as scope:
-        status, body = await call(host, port, "POST", "/wake_up", timeout=timeout)
+        status, body = await call(host, port, "POST", "/wake_up", timeout=timeout, key=key)
         if status != 200:
             raise EngineError(f"POST /wake_up: HTTP {status}: {body[:200]!r}")
         # Polled: the engine's own word is the only event there is.
         while True:
-            if not await is_sleeping(host, port, timeout=timeout):
+            if not await is_sleeping(host, port, timeout=timeout, key=key):
                 break
             await trio.sleep(POLL)
     if scope.cancelled_caught:
@@ -73,9 +73,11 @@ async def wake(host: str, port: int, *, timeout: float = 60.0) -> float:
 RETRY = 1.0  # seconds between tries when the engine did not answer
 
 
-async def follow(host: str, port: int, replica_id: str, wanted: Callable[[], bool | None]) -> None:
+async def follow(host: str, port: int, replica_id: str, wanted: Callable[[], bool | None],
+                 key: str = "") -> None:
     """Sleep or wake the engine until it is as `wanted()` says (read again after each
-    call: the server may change its mind meanwhile); None: the engine is gone, stop."""
+    call: the server may change its mind meanwhile); None: the engine is gone, stop.
+    `key`: the engine's own API key (the dev endpoints are behind it)."""
     done: bool | None = None
     while True:
         target = wanted()
@@ -83,10 +85,10 @@ async def follow(host: str, port: int, replica_id: str, wanted: Callable[[], boo
             return
         try:
             if target:
-                await sleep(host, port)
+                await sleep(host, port, key=key)
                 log.info("engine %s asleep", replica_id)
             else:
-                took = await wake(host, port)
+                took = await wake(host, port, key=key)
                 log.info("engine %s awake in %.3fs", replica_id, took)
         except (EngineError, EngineCallError, OSError) as exc:
             log.warning("engine %s: could not %s it: %s; trying again", replica_id,

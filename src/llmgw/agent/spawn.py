@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from llmgw.agent import preflight_probe, procs
 from llmgw.agent.discovery.engine_check import find_python, resolve
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
+from llmgw.agent.engines.keys import sglang_key_config, with_key
 from llmgw.agent.engines.preflight import settings_of
 from llmgw.config.agent import AgentConfig
 from llmgw.model.affinity import GpuHca, for_member
@@ -50,8 +51,10 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
             inv = inventory()
             nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
         probe = probe_command(spec, config, python) if settings_of(spec) else ("", "")
-        return build_plan(spec, config, config.supervisor.work_dir, python=python,
-                          gpu_indices=gpu_indices, weights=weights, nics=nics, probe=probe)
+        # Every engine the agent starts requires its own API key (issue 30), given at spawn.
+        return with_key(build_plan(spec, config, config.supervisor.work_dir, python=python,
+                                   gpu_indices=gpu_indices, weights=weights, nics=nics,
+                                   probe=probe), spec)
 
     return plan
 
@@ -80,12 +83,34 @@ def probe_command(spec: EngineSpec, config: AgentConfig, python: str) -> tuple[s
     return interpreter, eng.preflight_probe or preflight_probe.__file__
 
 
-def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
-    """Spawn `plan` in one new session, every process tagged LLMGW_REPLICA_ID=tag."""
+def write_secret(path: str, text: str) -> None:
+    """`text` to `path`, readable by this user only (0600), atomically."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover temporary file keeps its old mode otherwise
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str, api_key: str = "") -> int:
+    """Spawn `plan` in one new session, every process tagged LLMGW_REPLICA_ID=tag.
+
+    `api_key` (the engine's own, from its record) goes where the plan says
+    (engines/keys.py): into the main process's `api_key_env`, and into `api_key_file`."""
     base = dict(os.environ)
+    secret: dict[str, str] = {}
+    if api_key and plan.api_key_env:
+        secret[plan.api_key_env] = api_key
+    if api_key and plan.api_key_file:
+        write_secret(plan.api_key_file, sglang_key_config(api_key))
 
     def env_of(p: ProcessPlan) -> dict[str, str]:
-        return {**base, **p.env, procs.REPLICA_ENV: tag}
+        # The key only for the main process (the one serving HTTP): a Ray head or a probe
+        # has no use for it. It wins over a deployment's own value of the variable.
+        return {**base, **p.env, **(secret if p is plan.main else {}), procs.REPLICA_ENV: tag}
 
     main = plan.main
     if len(plan.processes) == 1 and not plan.wait_for_ray_nodes and plan.preflight is None:
@@ -105,10 +130,8 @@ def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str) -> int:
                             "timeout": pre.timeout, "required": pre.required,
                             "min_busbw_gbps": pre.min_busbw_gbps, "result": pre.result_path,
                             "nccl_floor_gbps": pre.nccl_floor_gbps}
+    # 0600: the environments in it hold the engine's key.
     path = os.path.join(folder, "plan.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, path)
+    write_secret(path, json.dumps(doc))
     argv = (sys.executable, "-m", "llmgw.agent.launcher", path)
     return procs.spawn(argv, env=env_of(main), cwd=None, log_path=log_path)

@@ -37,7 +37,7 @@ from llmgw.agent.logtail import tail_lines
 from llmgw.agent.preflight_report import RUNNING as PREFLIGHT_RUNNING
 from llmgw.agent.preflight_report import read_result as read_preflight
 from llmgw.agent.preflight_report import result_path as preflight_path
-from llmgw.agent.records import LOG, EngineRecord, engine_dir, remove_record, write_record
+from llmgw.agent.records import LOG, EngineRecord, engine_dir, new_key, remove_record, write_record
 from llmgw.agent.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.agent.startup_deadline import TAIL_MAX, StartupDeadline
 from llmgw.config.agent import AgentConfig
@@ -302,7 +302,8 @@ class Supervisor:
             return eng.spec.asleep if self._engines.get(rid) is eng else None
 
         self._nursery_or_raise().start_soon(
-            engine_sleep.follow, self._config.mgmt_addr, eng.spec.port, rid, wanted)
+            engine_sleep.follow, self._config.mgmt_addr, eng.spec.port, rid, wanted,
+            eng.record.api_key)
 
     def _unreadable_copy(self, eng: _Engine, tail: tuple[str, ...]) -> str:
         """An engine that died starting, whose log says its weights could not be read:
@@ -337,7 +338,7 @@ class Supervisor:
             self._call(eng.report)
 
         return AdapterKeeper(self._config.mgmt_addr, spec.port, spec.replica_id, wanted,
-                             lambda: eng.state is Phase.READY, on_result)
+                             lambda: eng.state is Phase.READY, on_result, eng.record.api_key)
 
     def releasing(self) -> dict[str, str]:
         """GPU UUID -> why it is not back yet, for each GPU of an ended engine whose
@@ -475,6 +476,11 @@ class Supervisor:
     def _endpoint(self, spec: EngineSpec, health: bool) -> str:
         return f"http://{self._config.mgmt_addr}:{spec.port}" if health else ""
 
+    @staticmethod
+    def _key(record: EngineRecord, health: bool) -> str:
+        """The key the report carries for the routers: only with an endpoint to use it on."""
+        return record.api_key if health else ""
+
     async def _start(self, spec: EngineSpec) -> None:
         nursery = self._nursery_or_raise()
         rid = spec.replica_id
@@ -490,7 +496,10 @@ class Supervisor:
             return
         devices = tuple(indices[u] for u in spec.gpus)
         free = self._free_before.pop(rid, {})
+        # Its own API key (issue 30), new at every spawn; kept in the record (0600), so that
+        # an agent that adopts it sends the same one.
         record = EngineRecord(spec=spec, log_path=log_path, ports=(spec.port,), restarts=restarts,
+                              api_key=new_key(),
                               cuda_devices=devices,
                               gpu_free_before=tuple(free[u] for u in spec.gpus)
                               if all(u in free for u in spec.gpus) else ())
@@ -537,7 +546,7 @@ class Supervisor:
             # finds the engine again by its LLMGW_REPLICA_ID tag instead of starting twice.
             write_record(self._sup.work_dir, record)
             pid = spawn_plan(plan, folder, log_path,
-                                   procs.replica_tag(rid, spec.generation))
+                                   procs.replica_tag(rid, spec.generation), record.api_key)
             started = procs.start_time(pid)
             if started is None:  # died at once; its exit is reaped by the watcher below
                 started = 0
@@ -558,6 +567,7 @@ class Supervisor:
         eng = _Engine(record=record, health=plan.health_checked,
                       report=EngineReport(rid, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, plan.health_checked),
+                                          api_key=self._key(record, plan.health_checked),
                                           pid=pid, restarts=restarts, weights=weights,
                                           preflight=PREFLIGHT_RUNNING if pre_path else ""),
                       preflight_path=pre_path)
@@ -610,6 +620,7 @@ class Supervisor:
         eng = _Engine(record=record, health=health,
                       report=EngineReport(spec.replica_id, spec.generation, EngineState.STARTING,
                                           endpoint=self._endpoint(spec, health),
+                                          api_key=self._key(record, health),
                                           pid=record.pid, restarts=record.restarts,
                                           weights=record.weights),
                       preflight_path=preflight_path(engine_dir(self._sup.work_dir, spec.replica_id),
@@ -829,7 +840,7 @@ class Supervisor:
             if repo and eng.state is not Phase.READY:  # what deadline() observes next
                 listed = await on_disk()
             began = trio.current_time()
-            ok = await http_health(host, port, timeout=timeout)
+            ok = await http_health(host, port, timeout=timeout, key=eng.record.api_key)
             self.on_probe(trio.current_time() - began, ok)
             if not ok:
                 return False
@@ -881,7 +892,7 @@ class Supervisor:
     async def _note_in_flight(self, eng: _Engine, host: str, port: int, timeout: float) -> None:
         """Read the engine's requests in flight; report when it moved between none, some
         and unknown (inflight.py): what ends a drain early."""
-        n = await read_in_flight(host, port, timeout=timeout)
+        n = await read_in_flight(host, port, timeout=timeout, key=eng.record.api_key)
         if inflight_changed(eng.report.in_flight, n):
             eng.report = evolve(eng.report, in_flight=n)
             self._call(eng.report)

@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any
 
 from attrs import field, frozen
+
+# An engine key as it goes into an HTTP header: RFC 6750's b64token characters, bounded.
+# A peer's CR or LF here would write headers of its own into a router's upstream request.
+ENGINE_KEY_MAX = 128
+_ENGINE_KEY = re.compile(r"[A-Za-z0-9._~+/=-]*")
+
+
+def check_engine_key(value: object) -> None:
+    """ValueError unless `value` is a key a header may carry ("" included: none)."""
+    if not isinstance(value, str):
+        raise ValueError(f"an engine key is a string, not {type(value).__name__}")
+    if len(value) > ENGINE_KEY_MAX or not _ENGINE_KEY.fullmatch(value):
+        raise ValueError(f"not an engine key (at most {ENGINE_KEY_MAX} of A-Z a-z 0-9 . _ ~ + / = -)")
 
 
 class EngineKind(enum.StrEnum):
@@ -170,3 +184,7 @@ class EngineReport:
     # bytes on disk so far and the rate, one line: "12.3 GB on disk, 210 MB/s"
     # (agent/download_progress.py). "": no download, or an agent from before.
     download: str = ""
+    # The engine's own API key (issue 30): what a router sends it as `Authorization:
+    # Bearer`, over CURVE from the server's endpoint table. "": none (an engine that
+    # serves no HTTP, an agent from before). Never in a repr (log lines).
+    api_key: str = field(default="", validator=lambda _, __, v: check_engine_key(v), repr=False)

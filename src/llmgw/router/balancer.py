@@ -54,6 +54,7 @@ class Replica:
         "fails",
         "fail_since",
         "last_ok",
+        "auth",
     )
 
     def __init__(self, replica_id: str, url: str, ready: bool = True) -> None:
@@ -72,6 +73,9 @@ class Replica:
         self.host = ""
         self.port = 0
         self.authority = b""
+        # The header line that carries the engine's own key upstream (issue 30), set
+        # from the endpoint table (router/table.py); b"": the engine has none.
+        self.auth = b""
         self.set_url(url)
 
     def set_url(self, url: str) -> None:

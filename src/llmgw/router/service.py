@@ -176,7 +176,7 @@ class Router:
                 del self.gates[name]
 
     async def _fetch_metrics(self, r: Replica, timeout: float) -> str:
-        return await fetch_text(self.upstream, r.host, r.port, b"/metrics", timeout)
+        return await fetch_text(self.upstream, r.host, r.port, b"/metrics", timeout, r.auth)
 
     # ---- per connection -----------------------------------------------------------------
 

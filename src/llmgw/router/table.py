@@ -22,6 +22,12 @@ from llmgw.transport.codec import structure_result
 from llmgw.transport.requests import EndpointsResult
 
 
+def auth_line(key: str) -> bytes:
+    """The header line a request to an engine with `key` carries; b"" for none. The key
+    was checked on arrival (Endpoint's validator): header-safe characters only."""
+    return b"authorization: Bearer %s\r\n" % key.encode("ascii") if key else b""
+
+
 class EndpointTable:
     def __init__(
         self,
@@ -42,7 +48,7 @@ class EndpointTable:
         self._rng = rng or random.Random()
 
     def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
-        """Take a snapshot {"version", "models": {name: [{replica_id, url, ready}]},
+        """Take a snapshot {"version", "models": {name: [{replica_id, url, ready, key}]},
         "waiting": {name: why none is ready}}, parsed here (it comes from a peer: a
         malformed one raises ProtocolError and changes nothing).
 
@@ -67,6 +73,7 @@ class EndpointTable:
                     if r.url != url:
                         r.set_url(url)
                     r.ready = e.ready
+                r.auth = auth_line(e.key)
                 replicas[e.replica_id] = r
                 members.append(r)
                 for adapter in e.adapters:

@@ -211,13 +211,16 @@ def close_now(c: UpstreamConn) -> None:
     sockio.close(c.sock)
 
 
-async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, timeout: float) -> str:
-    """GET a small text resource (/metrics, /health) over the pool."""
+async def fetch_text(pool: UpstreamPool, host: str, port: int, path: bytes, timeout: float,
+                     auth: bytes = b"") -> str:
+    """GET a small text resource (/metrics, /health) over the pool; `auth`: the engine's
+    key as a header line (Replica.auth)."""
     with trio.fail_after(timeout):
         c = await pool.acquire(host, port)
         try:
             await c.send_request(
-                b"GET %s HTTP/1.1\r\nhost: %s:%d\r\naccept: */*\r\n\r\n" % (path, host.encode(), port),
+                b"GET %s HTTP/1.1\r\nhost: %s:%d\r\naccept: */*\r\n%s\r\n"
+                % (path, host.encode(), port, auth),
                 b"",
             )
             head = await c.read_head()
@@ -311,13 +314,16 @@ class Relay:
         http10 = client.http10  # no chunked framing for the client: ask the engine in 1.0
         if body is None:
             body = req.body
+        # The engine's own key (r.auth), never the client's Authorization: that is
+        # llmgw's tenant key, which no engine has any business seeing.
         req_head = (
-            b"POST %s HTTP/1.%d\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            b"POST %s HTTP/1.%d\r\nhost: %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
             % (
                 path,
                 0 if http10 else 1,
                 r.authority,
                 len(body),
+                r.auth,
             )
         )
         conn: UpstreamConn | None = None

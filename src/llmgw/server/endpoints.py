@@ -104,6 +104,14 @@ def endpoint_table(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide
     return _strip(_rows(replicas, nodes))
 
 
+def without_keys(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The table with no engine keys in it: for a reader that is not a router (an admin's
+    ctl), which has no business sending requests to engines."""
+    models = {name: [{k: v for k, v in e.items() if k != "key"} for e in entries]
+              for name, entries in table.get("models", {}).items()}
+    return {**table, "models": models}
+
+
 def _strip(rows: Mapping[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     return {name: [{k: v for k, v in e.items() if k != "served"} for e in entries]
             for name, entries in rows.items()}
@@ -126,5 +134,10 @@ def _rows(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide]
         loaded = adapters.replica_adapters(r, head.engines.get(r.id))
         if loaded:
             row["adapters"] = list(loaded)
+        # Its engine's own key (issue 30), for the router's Authorization header; only where
+        # the agent reported one. ops.py gives it to routers only.
+        rep = head.engines.get(r.id)
+        if rep is not None and rep.api_key:
+            row["key"] = rep.api_key
         table.setdefault(r.spec.served_name, []).append(row)
     return table

@@ -231,6 +231,8 @@ class Ops:
         if table != self._endpoints:
             self._endpoints = table
             self._endpoints_version += 1
+        if peer.role != "router":
+            table = endpoints.without_keys(table)
         return {"version": self._endpoints_version, **table}
 
     def op_status(self, peer: Peer, op: StatusOp, now: float) -> Any:

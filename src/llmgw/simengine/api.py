@@ -16,6 +16,7 @@ from typing import Any
 import trio
 
 from llmgw.simengine.args import SimArgs
+from llmgw.simengine.auth import refused
 from llmgw.simengine.http import COMPACT, Exchange, error_body
 
 log = logging.getLogger("llmgw.simengine")
@@ -80,6 +81,9 @@ class SimEngine:
 
     # -- dispatch ---------------------------------------------------------------
     async def handle(self, ex: Exchange) -> None:
+        if refused(self.args.keys, ex.method, ex.path, ex.headers.get("authorization")):
+            await ex.send_json(401, {"error": "Unauthorized"})
+            return
         routes = {
             ("GET", "/health"): self._health,
             ("GET", "/ping"): self._health,

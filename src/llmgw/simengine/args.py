@@ -13,7 +13,8 @@ Flags it does not know are kept in ``SimArgs.unknown`` (and logged), never an er
 The simulation knobs come from flags or, so that launch plans need not change, from
 ``LLMGW_SIM_*`` environment variables (a flag wins over the environment).
 
-Pure: argv and an environment mapping in, a frozen SimArgs out.
+Pure but for one read: argv and an environment mapping in, a frozen SimArgs out (SGLang's
+--config file, where it names one, is read for its api_key).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 
-from attrs import frozen
+import yaml
+from attrs import field, frozen
 
 from llmgw.errors import UsageError
+from llmgw.simengine.auth import GUARD_MIDDLEWARE, KeyCheck
 
 # vLLM's parallel config default for --master-port.
 VLLM_DEFAULT_MASTER_PORT = 29501
@@ -67,6 +70,9 @@ class SimArgs:
     sleep_mode: bool = False
     dev_mode: bool = False
     unknown: tuple[str, ...] = ()
+    # Its API key(s) and who checks them (auth.py): --api-key, VLLM_API_KEY, llmgw's
+    # guard named by --middleware, SGLang's --config file.
+    keys: KeyCheck = field(factory=KeyCheck, repr=False)
 
     @property
     def served_name(self) -> str:
@@ -122,6 +128,11 @@ def _parser() -> _Parser:
     p.add_argument("--max-cpu-loras", type=int, default=None)  # vLLM's CPU cache: no effect here
     p.add_argument("--lora-modules", nargs="+", default=())
     p.add_argument("--enable-sleep-mode", action="store_true")
+    # vLLM: --api-key K [K ...] (its frontend's list), --middleware IMPORT.PATH (append);
+    # SGLang: --api-key K and --config FILE.yaml.
+    p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--middleware", action="append", default=[])
+    p.add_argument("--config", default=None)
     # SGLang shape
     p.add_argument("--model-path", default=None)
     p.add_argument("--tp", "--tp-size", dest="tp", type=int, default=None)
@@ -183,6 +194,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
         # As vLLM's LoRAConfig refuses it (config/lora.py).
         raise UsageError(f"simengine: max_cpu_loras ({ns.max_cpu_loras}) must be >= "
                          f"max_loras ({ns.max_loras}).")
+    keys = _keys(shape, ns, env)
     if ns.nnodes < 1 or not 0 <= ns.node_rank < ns.nnodes:
         raise UsageError(f"simengine: node rank {ns.node_rank} is outside nnodes {ns.nnodes}")
 
@@ -222,7 +234,35 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
         sleep_mode=ns.enable_sleep_mode,
         dev_mode=_dev_mode(env.get("VLLM_SERVER_DEV_MODE", "0")),
         unknown=tuple(unknown),
+        keys=keys,
     )
+
+
+def _keys(shape: str, ns: argparse.Namespace, env: Mapping[str, str]) -> KeyCheck:
+    if shape == "sglang":
+        key = ns.api_key[-1] if ns.api_key else ""
+        if ns.config and not key:
+            key = _config_key(ns.config)
+        return KeyCheck("sglang", sglang_key=key)
+    own = tuple(k for k in (ns.api_key or [env.get("VLLM_API_KEY", "")]) if k)
+    guard = ""
+    if GUARD_MIDDLEWARE in ns.middleware:
+        guard = env.get("VLLM_API_KEY", "")
+        if not guard:  # as the guard itself refuses to start
+            raise UsageError("simengine: --middleware names llmgw's guard, and VLLM_API_KEY is not set")
+    return KeyCheck("vllm", vllm_keys=own, guard_key=guard)
+
+
+def _config_key(path: str) -> str:
+    """SGLang's --config: a YAML map whose api_key is the key (its other keys: flags this
+    copy reads from argv only, ignored)."""
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"simengine: cannot read --config {path}: {exc}") from None
+    key = doc.get("api_key") if isinstance(doc, dict) else None
+    return key if isinstance(key, str) else ""
 
 
 def _dev_mode(raw: str) -> bool:

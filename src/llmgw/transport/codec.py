@@ -19,7 +19,7 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
-from llmgw.model.engine import GangSpec
+from llmgw.model.engine import EngineReport, GangSpec
 from llmgw.transport import messages
 from llmgw.transport.messages import Heartbeat, HeartbeatAck, Message
 from llmgw.transport.requests import Op, op_name
@@ -60,6 +60,10 @@ def _make(*, detailed: bool) -> cattrs.Converter:
     # server before) reads as "" (none), as every defaulted field does.
     conv.register_unstructure_hook(GangSpec, make_dict_unstructure_fn(
         GangSpec, conv, weights_path=override(omit_if_default=True)))
+    # An engine's key likewise (issue 30): a report without one is what it was before, so
+    # that a server from before keys still reads an agent's reports of keyless engines.
+    conv.register_unstructure_hook(EngineReport, make_dict_unstructure_fn(
+        EngineReport, conv, api_key=override(omit_if_default=True)))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv

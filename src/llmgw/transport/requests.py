@@ -15,6 +15,7 @@ from attrs import field, frozen
 
 from llmgw.config.addresses import AddressError, parse_host_port
 from llmgw.model.deployment import Deployment
+from llmgw.model.engine import check_engine_key
 from llmgw.transport.apikey_ops import (
     ApiKeyCreateOp,
     ApiKeyImportOp,
@@ -183,6 +184,9 @@ class Endpoint:
     # LoRA adapters its engine has loaded: the router sends an adapter's requests only
     # here. Sent only when there are some, so a router from before adapters reads the rest.
     adapters: tuple[str, ...] = ()
+    # The engine's own API key, which the router sends it as `Authorization: Bearer`
+    # (issue 30). Sent only where there is one, and only to routers.
+    key: str = field(default="", validator=lambda _, __, v: check_engine_key(v), repr=False)
 
 
 @frozen

@@ -59,6 +59,11 @@ class LaunchPlan:
     gpus: tuple[tuple[str, int], ...] = ()
     # Gang members: the collective pre-flight to pass before anything starts; None: none.
     preflight: Preflight | None = None
+    # How the main process gets the API key the agent made for it (engines/keys.py), the
+    # value never being in the plan: the variable the spawn sets to it, and the file it
+    # writes it to (mode 0600) before the start. "": not that way.
+    api_key_env: str = ""
+    api_key_file: str = ""
 
     @property
     def main(self) -> ProcessPlan:

@@ -1,0 +1,92 @@
+"""Each engine's own API key, in its launch plan (issue 30): pure, data in and out.
+
+The agent makes the key (records.new_key) and keeps it in the engine's record; the plan
+only says how the engine is given it, so that no plan (nor its log line) holds a secret:
+`LaunchPlan.api_key_env` names the variable the spawn puts it in, `api_key_file` the
+0600 file it writes it to. Never argv: /proc/<pid>/cmdline is readable by every user.
+
+vLLM (0.32; and the simulated engine, which takes its command line): VLLM_API_KEY, read
+by vLLM's own check (entrypoints/serve/middleware/register.py: `args.api_key or
+[envs.VLLM_API_KEY]`), which guards only /v1, /v2, /inference and /cohere
+(middleware/authenticate.py, GUARDED_PREFIX). Every other path (/metrics, /sleep,
+/wake_up, /collective_rpc, /reset_prefix_cache, /server_info, /invocations, ...) is closed
+by llmgw's own middleware, `--middleware llmgw_engine_guard.EngineKeyGuard` (vLLM's
+frontend option, applied with app.add_middleware in the same register.py), importable
+from GUARD_DIR, which the plan puts first on the engine's PYTHONPATH: all but GET /health.
+
+SGLang (0.5.23) reads its key only from `--api-key` (arg_groups/fields/serving.py; no
+variable), or from a YAML file named by `--config`, which its parser merges into its
+argv in memory (utils/server_args_config_parser.py): the key goes in that file. Its
+middleware (utils/auth.py, decide_request_auth) guards every path but OPTIONS and those
+starting /health, /ready or /metrics.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from attrs import evolve
+
+from llmgw.agent.engines.plan import LaunchPlan
+from llmgw.errors import EngineError
+from llmgw.model.engine import EngineKind, EngineSpec
+
+VLLM_KEY_ENV = "VLLM_API_KEY"
+GUARD_MODULE = "llmgw_engine_guard"
+GUARD_MIDDLEWARE = f"{GUARD_MODULE}.EngineKeyGuard"
+# The folder holding only the guard module: on the engine's PYTHONPATH it shadows nothing.
+GUARD_DIR = posixpath.join(posixpath.dirname(__file__), "guard")
+SGLANG_KEY_FILE = "llmgw-engine-key.yaml"  # in the engine's folder (its cwd)
+
+
+def guard_argv() -> tuple[str, ...]:
+    return ("--middleware", GUARD_MIDDLEWARE)
+
+
+def guard_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with GUARD_DIR first on PYTHONPATH (a deployment's own PYTHONPATH kept after it)."""
+    own = env.get("PYTHONPATH", "")
+    return {**env, "PYTHONPATH": GUARD_DIR + (":" + own if own else "")}
+
+
+def sglang_key_file(cwd: str) -> str:
+    return posixpath.join(cwd, SGLANG_KEY_FILE)
+
+
+def sglang_key_config(key: str) -> str:
+    """The YAML SGLang's --config reads: the key quoted (so that YAML never reads it as a
+    number or a boolean). Keys are url-safe base64 with a letter first (records.new_key):
+    nothing to escape, and never taken for a flag when SGLang turns it back into argv."""
+    return f'api_key: "{key}"\n'
+
+
+def refuse_own_key(spec: EngineSpec) -> None:
+    """A deployment's own --api-key would replace llmgw's key in vLLM (its flag wins over
+    VLLM_API_KEY) and in SGLang (the command line wins over --config): the agent, the
+    routers and every probe would then be refused. Said at start, not found as 401s."""
+    own = ("--api-key", "--config") if spec.engine is EngineKind.SGLANG else ("--api-key",)
+    for arg in spec.args:
+        flag = arg.split("=", 1)[0]
+        if flag in own:
+            raise EngineError(
+                f"replica {spec.replica_id}: the deployment's args set {flag}; llmgw gives "
+                "every engine an API key of its own (in "
+                + ("a --config file" if spec.engine is EngineKind.SGLANG else VLLM_KEY_ENV)
+                + ") and sends it from the agent and the routers, so remove it from args")
+
+
+def with_key(plan: LaunchPlan, spec: EngineSpec) -> LaunchPlan:
+    """`plan` with its engine set up to require the key the agent gives it at spawn: on
+    the process that serves HTTP (single node, a gang's rank 0); members that serve none
+    (headless vLLM, Ray workers, SGLang's other ranks and their always-200 health server)
+    get nothing, and the agent sends them nothing."""
+    if not plan.health_checked:
+        return plan
+    refuse_own_key(spec)
+    main = plan.main
+    if spec.engine is EngineKind.SGLANG:
+        path = sglang_key_file(main.cwd)
+        main = evolve(main, argv=(*main.argv, "--config", path))
+        return evolve(plan, processes=(*plan.processes[:-1], main), api_key_file=path)
+    main = evolve(main, argv=(*main.argv, *guard_argv()), env=guard_env(main.env))
+    return evolve(plan, processes=(*plan.processes[:-1], main), api_key_env=VLLM_KEY_ENV)
