@@ -29,6 +29,7 @@ from llmgw.model.inventory import Gpu, GpuSource, Inventory, NodeInfo
 from llmgw.transport import codec
 from llmgw.transport.keys import load_pair, load_public
 from llmgw.transport.messages import (
+    ClearGpu,
     DesiredSet,
     EngineChanged,
     Heartbeat,
@@ -45,7 +46,7 @@ from llmgw.transport.messages import (
 
 AGENT_KINDS = ("hello", "heartbeat", "inventory_changed", "engine_changed", "logs_reply")
 SERVER_ONLY_KINDS = ("welcome", "desired_set", "heartbeat_ack", "refused", "hello_first",
-                     "rediscover", "logs_request", "reply", "not_leader")
+                     "rediscover", "logs_request", "reply", "not_leader", "clear_gpu")
 
 # ---- the raw peer ----
 
@@ -214,6 +215,7 @@ SAMPLE_OPS: list[tuple[str, dict[str, Any]]] = [
         {"api_key": "k1", "model": "org/a", "hour": 490000, "status": 200, "requests": 1,
          "prompt_tokens": 5, "completion_tokens": 7, "latency_sum": 0.25}]}),
     ("usage", {}), ("apikeylist", {}), ("apikeyrevoke", {"name": "nope"}),
+    ("gpuclear", {"node": "nope", "gpu": "0"}),  # issue 30: no such node, refused
 ]
 
 
@@ -355,6 +357,7 @@ server_only_messages: st.SearchStrategy[Any] = st.one_of(
     st.builds(HeartbeatAck, seq=st.integers(0, 2**63)),
     st.builds(DesiredSet, generation=st.integers(0, 2**63), engines=st.lists(specs, max_size=2).map(tuple)),
     st.just(Rediscover()),
+    st.builds(ClearGpu, gpus=st.lists(short_text, max_size=3).map(tuple)),
     st.builds(LogsRequest, request_id=short_text, replica_id=ids, lines=st.integers(-5, 10**9)),
 )
 

@@ -37,6 +37,7 @@ from llmgw.transport.apikey_ops import (
     UsageOp,
     UsageReportOp,
 )
+from llmgw.transport.gpu_ops import GpuClearOp
 
 INV = Inventory(
     gpus=(Gpu(0, "GPU-a", "H100", 81559, 80000, "00000000:18:00.0", 0, "9.0", {"GPU-b": 18}),),
@@ -53,6 +54,7 @@ OPS: list[requests.Op] = [
     requests.ScaleOp("d", 3), requests.CordonOp("n", True, True), requests.GetOp(requests.GetWhat.NODES),
     requests.DescribeOp("d"), requests.EndpointsOp(4), requests.LogsOp("d-0", 50),
     requests.RediscoverOp(("n",)),
+    GpuClearOp("n", "2"), GpuClearOp("n", "GPU-a"),
     requests.LoadReportOp({"m": requests.ModelLoad(1.5, 2, 3, 1)}, interval=0.5, wake=True),
     requests.ScaleOp("d", 0, pin=True),
     # API keys (issue 24)
@@ -79,6 +81,7 @@ SAMPLES: list[messages.Message] = [
     messages.HeartbeatAck(7),
     messages.DesiredSet(4, (SPEC,)),
     messages.Rediscover(),
+    messages.ClearGpu(("GPU-a",)),
     messages.LogsRequest("q", "d-0", 50),
     messages.NotLeader("tcp://10.0.0.2:7443", "r1"),
     *(messages.Request(1, "q", op) for op in OPS),

@@ -20,6 +20,7 @@ from llmgw.backoff import backoff_delay
 from llmgw.errors import ProtocolError, RefusedError
 from llmgw.transport import codec
 from llmgw.transport.messages import (
+    ClearGpu,
     DesiredSet,
     Heartbeat,
     HeartbeatAck,
@@ -52,6 +53,8 @@ class LinkHooks:
     hello: Callable[[], Hello]
     on_desired: Callable[[DesiredSet], Awaitable[None]]
     on_rediscover: Callable[[], None] = lambda: None
+    # The operator's `ctl gpu clear`: GPU UUIDs whose Xid problems to forget.
+    on_clear_gpu: Callable[[tuple[str, ...]], None] = lambda gpus: None
     logs: Callable[[str, int], tuple[str, ...]] = lambda replica, n: ()
     on_connected: Callable[[], None] = lambda: None
     # A standby answered: the leader's address ("" while none is known). The connector
@@ -250,6 +253,8 @@ class _Session:
             _not_leader(self.hooks, msg)
         elif isinstance(msg, Rediscover):
             self.hooks.on_rediscover()
+        elif isinstance(msg, ClearGpu):
+            self.hooks.on_clear_gpu(msg.gpus)
         elif isinstance(msg, LogsRequest):
             lines = self.hooks.logs(msg.replica_id, msg.lines)
             await self.conn.send(codec.encode(LogsReply(msg.request_id, msg.replica_id, lines)))

@@ -289,6 +289,7 @@ class Agent:
                     hello=self.hello,
                     on_desired=self._on_desired,
                     on_rediscover=lambda: self._rediscover.set(),
+                    on_clear_gpu=self.clear_gpus,
                     logs=self.supervisor.log_tail,
                     on_connected=connected,
                     on_not_leader=servers.redirected,

@@ -13,7 +13,7 @@ import trio
 import yaml
 
 from llmgw.config.deployment import load_deployment
-from llmgw.ctl import apikey, render, usage
+from llmgw.ctl import apikey, gpu, render, usage
 from llmgw.ctl.follow import follow_window, new_lines
 from llmgw.ctl.settings import default_file, resolve, servers_of
 from llmgw.errors import RequestFailedError, UsageError
@@ -148,6 +148,7 @@ def add_ctl_arguments(p: argparse.ArgumentParser, parser_class: type[argparse.Ar
                     help="keep printing new lines as they come (Ctrl-C ends)")
     apikey.add_arguments(cmd, lambda v: _add_common(v, after_verb=True), parser_class)
     usage.add_arguments(cmd)
+    gpu.add_arguments(cmd, lambda v: _add_common(v, after_verb=True), parser_class)
 
 
 def normalize(args: argparse.Namespace) -> argparse.Namespace:
@@ -176,6 +177,8 @@ def op_of(args: argparse.Namespace) -> Op:
         return apikey.op_of(args)
     if c == "usage":
         return usage.op_of(args)
+    if c == "gpu":
+        return gpu.op_of(args)
     if c == "apply":
         return ApplyOp(load_deployment(args.file), args.file)
     if c == "get":
@@ -232,6 +235,8 @@ def formatted(args: argparse.Namespace, result: Any) -> str:
         if args.output in ("table", "wide"):
             return apikey.render(args, result)
         result = apikey.plain(args, result)
+    if args.ctl_cmd == "gpu" and args.output in ("table", "wide"):
+        return gpu.render(result)
     if args.output == "json":
         return json.dumps(result, indent=2)
     if args.output == "yaml":

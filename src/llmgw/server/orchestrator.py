@@ -30,6 +30,7 @@ from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.elastic.autoscaler import Autoscaler, Change
+from llmgw.server.gpu_clear import GpuClear
 from llmgw.server.ops import Ops
 from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing
 from llmgw.server.placement.place import NodeView
@@ -117,6 +118,8 @@ class Orchestrator:
         # API keys (issue 24): `ctl apikey` and the routers' key table (server/tenants/apikeys.py).
         self.apikeys = ApiKeys(store)
         cp.ops.update(self.apikeys.ops())
+        # `ctl gpu clear` (issue 30): an Xid's problem forgotten on the operator's word.
+        cp.ops.update(GpuClear(self).ops())
 
     # ---- triggers from the control plane ----
 

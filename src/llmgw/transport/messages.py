@@ -2,7 +2,7 @@
 
 The codec (codec.py) encodes them as a msgpack map with a `kind` tag. Agents speak
 Hello/Heartbeat/InventoryChanged/EngineChanged/LogsReply; the server answers with
-Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest. ctl and the
+Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest/ClearGpu. ctl and the
 router send Request, carrying one typed op of requests.py, and get Reply (the router
 polls the "endpoints" op).
 """
@@ -92,6 +92,14 @@ class Rediscover:
 
 
 @frozen
+class ClearGpu:
+    """Forget these GPUs' Xid problems (by UUID): the operator's `ctl gpu clear`. An agent
+    from before this message logs it as a bad message and goes on."""
+
+    gpus: tuple[str, ...] = ()
+
+
+@frozen
 class LogsRequest:
     request_id: str
     replica_id: str
@@ -138,6 +146,7 @@ Message = (
     | HeartbeatAck
     | DesiredSet
     | Rediscover
+    | ClearGpu
     | LogsRequest
     | NotLeader
     | Request

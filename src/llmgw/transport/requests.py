@@ -27,6 +27,7 @@ from llmgw.transport.apikey_ops import (
     UsageOp,
     UsageReportOp,
 )
+from llmgw.transport.gpu_ops import GpuClearOp
 
 # The most log lines one `logs` request may ask for.
 MAX_LOG_LINES = 4096
@@ -161,6 +162,8 @@ Op = (
     | UsageReportOp
     | UsageOp
     | LeaseOp
+    # ctl gpu clear (issue 30): transport/gpu_ops.py
+    | GpuClearOp
 )
 
 
