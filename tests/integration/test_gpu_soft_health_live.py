@@ -5,7 +5,8 @@ A pending row remap appears on the GPU a replica serves on: the replica stays (s
 generation, no replacement), the GPU is "degraded" with its reason, and a new deployment
 goes to the other GPU. Then an Xid 48 on that other GPU (hard): its replica would move,
 but has nowhere to go and serves on; `ctl gpu clear` forgets the Xid and the GPU is
-healthy again."""
+healthy again. The same Xid once more, NVML asking for a reset and then no longer: the
+agent sees the reset and forgets the Xid by itself."""
 
 from __future__ import annotations
 
@@ -110,6 +111,20 @@ def test_a_pending_remap_keeps_the_replica_and_new_work_goes_elsewhere(rig: Rig)
     wait_for(lambda: rig.gpus()[other]["state"] == "healthy", 15, "the Xid cleared")
     wait_for(lambda: set(c.replicas()) == {"a-0", "b-0"}, 15, "b-1 dropped")
     assert c.replicas()["b-0"]["generation"] == b0["generation"]
+
+    # The same Xid again, then NVML asks for a reset and later no longer does: the agent
+    # takes that as the reset and drops the Xid by itself.
+    rig.doc["xids"].append([rig.gpus()[other]["index"], 48])
+    rig.write()
+    wait_for(lambda: rig.gpus()[other]["state"] == "unhealthy", 15, "Xid 48 seen again")
+    rig.doc["recovery"] = {str(rig.gpus()[other]["index"]): 1}
+    rig.write()
+    wait_for(lambda: any("recovery action 1" in p for p in rig.gpus()[other]["problems"]), 15,
+             "the recovery action seen")
+    rig.doc["recovery"] = {}
+    rig.write()
+    wait_for(lambda: rig.gpus()[other]["state"] == "healthy", 15, "the Xid cleared by the reset")
+    wait_for(lambda: set(c.replicas()) == {"a-0", "b-0"}, 15, "b-1 dropped again")
 
     bad = c.ctl("gpu", "clear", NODE, "7")
     assert bad.returncode == 1 and "has no GPU '7'" in bad.stderr, bad.stderr

@@ -206,3 +206,13 @@ def test_one_line_per_xid_number() -> None:
     assert xp.add("GPU-a", xid_problem(79, AT) or "")
     assert not xp.add("GPU-a", xid_problem(79, later) or "")
     assert xp.add("GPU-a", xid_problem(48, later) or "")
+
+
+def test_a_reset_must_follow_the_latest_xid() -> None:
+    xp = XidProblems()
+    xp.add("GPU-a", xid_problem(79, AT) or "")
+    xp.observe({"GPU-a": HealthReading(lost=True)})
+    p48 = xid_problem(48, AT) or ""
+    xp.add("GPU-a", p48)  # a new Xid: the loss seen before it proves nothing of a later reset
+    assert xp.observe({"GPU-a": HealthReading(mig_current=0)}) == ()
+    assert len(xp.of("GPU-a")) == 2

@@ -106,7 +106,9 @@ class XidProblems:
         if _xid_of(problem) in {_xid_of(p) for p in have} or len(have) >= self.MAX_PER_GPU:
             return False
         self._by_uuid[uuid] = (*have, problem)
-        self._watch.setdefault(uuid, ResetWatch())
+        # The reset that clears it must come after this Xid: what was seen before does
+        # not count (a flag still set is seen again at the next reading).
+        self._watch[uuid] = ResetWatch()
         return True
 
     def of(self, uuid: str) -> tuple[str, ...]:
