@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from fakes.engine_keys import auth, url_key
 from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
@@ -113,7 +114,9 @@ class Rig:
 
 
 def metrics(url: str, timeout: float = 30) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+    """The engine's /metrics, asked with its own key (issue 30)."""
+    req = urllib.request.Request(url + "/metrics", headers=auth(url_key(url)))
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read().decode()
 
 

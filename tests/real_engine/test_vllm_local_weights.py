@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.engine_keys import auth, url_key
 from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import READY_TIMEOUT, engine_log, leaders, node_copy, tiny_yaml, vllm_agent
@@ -57,7 +58,8 @@ def test_deployment_by_id_runs_on_the_nodes_copy_offline(
     assert str(copy).encode() in argv and b"org/tiny" in argv  # the path; the served name
     assert argv[argv.index(b"--served-model-name") + 1] == b"org/tiny"
     # Clients see the deployment's name.
-    with urllib.request.urlopen(f"{rep['endpoint']}/v1/models", timeout=30) as resp:
+    req = urllib.request.Request(f"{rep['endpoint']}/v1/models", headers=auth(url_key(rep["endpoint"])))
+    with urllib.request.urlopen(req, timeout=30) as resp:
         served = [m["id"] for m in json.load(resp)["data"]]
     assert served == ["org/tiny"]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.engine_keys import auth, url_key
 from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, tiny_yaml, vllm_agent
@@ -87,7 +88,8 @@ def test_usage_with_prompt_token_details_is_metered_as_vllm_counts_it(
         assert all(e.get("usage") is None for e in events(raw)), "a usage event the client did not ask for"
 
     endpoint = str(next(iter(c.replicas().values()))["endpoint"])
-    with urllib.request.urlopen(endpoint + "/metrics", timeout=30) as r:
+    req = urllib.request.Request(endpoint + "/metrics", headers=auth(url_key(endpoint)))
+    with urllib.request.urlopen(req, timeout=30) as r:
         text = r.read().decode()
     want = {"prompt_tokens": int(series(text, "vllm:prompt_tokens_total")),
             "completion_tokens": int(series(text, "vllm:generation_tokens_total"))}
