@@ -92,7 +92,7 @@ def test_sglang_gets_its_key_in_a_config_file_never_in_argv(rank: int | None) ->
     path = "/w/engines/r1/llmgw-engine-key.yaml"
     assert plan.main.argv[-2:] == ("--config", path)
     assert plan.api_key_file == path and plan.api_key_env == ""
-    assert keys.sglang_key_config("llmgw-abc_-9") == 'api_key: "llmgw-abc_-9"\n'
+    assert keys.sglang_key_config("llmgw-abc_-9") == 'api-key: "llmgw-abc_-9"\n'
 
 
 def test_a_deployments_own_pythonpath_comes_after_the_guard() -> None:
@@ -148,7 +148,7 @@ def test_spawn_puts_the_key_in_the_engines_environment_and_its_file(tmp_path: Pa
     os.waitpid(pid, 0)
     text = log.read_text()
     assert "KEY=llmgw-sekrit" in text and "ARGV=a" in text
-    assert (tmp_path / "k.yaml").read_text() == 'api_key: "llmgw-sekrit"\n'
+    assert (tmp_path / "k.yaml").read_text() == 'api-key: "llmgw-sekrit"\n'
     assert stat.S_IMODE(os.stat(tmp_path / "k.yaml").st_mode) == 0o600
 
 
@@ -298,3 +298,6 @@ def test_the_simulated_engine_takes_its_key_as_the_engines_do(tmp_path: Path) ->
     f.write_text(keys.sglang_key_config("llmgw-x"))
     sg = parse_args(["--model-path", "m", "--config", str(f)], {})
     assert sg.keys == KeyCheck("sglang", sglang_key="llmgw-x")
+    f.write_text('api_key: "llmgw-x"\n')  # SGLang: "unrecognized arguments: --api_key"
+    with pytest.raises(UsageError, match="--api_key"):
+        parse_args(["--model-path", "m", "--config", str(f)], {})

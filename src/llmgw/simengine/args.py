@@ -254,15 +254,20 @@ def _keys(shape: str, ns: argparse.Namespace, env: Mapping[str, str]) -> KeyChec
 
 
 def _config_key(path: str) -> str:
-    """SGLang's --config: a YAML map whose api_key is the key (its other keys: flags this
-    copy reads from argv only, ignored)."""
+    """SGLang's --config: a YAML map whose `api-key` is the key (its other keys: flags
+    this copy reads from argv only, ignored). SGLang makes `--<key>` of each key as
+    written, so `api_key` is refused there, and here."""
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as exc:
         raise UsageError(f"simengine: cannot read --config {path}: {exc}") from None
-    key = doc.get("api_key") if isinstance(doc, dict) else None
-    return key if isinstance(key, str) else ""
+    if not isinstance(doc, dict):
+        raise UsageError(f"simengine: --config {path}: not a map")
+    if "api_key" in doc:
+        raise UsageError("simengine: unrecognized arguments: --api_key (SGLang's --config)")
+    key = doc.get("api-key")
+    return str(key) if key is not None else ""
 
 
 def _dev_mode(raw: str) -> bool:

@@ -54,10 +54,13 @@ def sglang_key_file(cwd: str) -> str:
 
 
 def sglang_key_config(key: str) -> str:
-    """The YAML SGLang's --config reads: the key quoted (so that YAML never reads it as a
-    number or a boolean). Keys are url-safe base64 with a letter first (records.new_key):
-    nothing to escape, and never taken for a flag when SGLang turns it back into argv."""
-    return f'api_key: "{key}"\n'
+    """The YAML SGLang's --config reads. SGLang turns each key into `--<key> <value>` as
+    written (ConfigArgumentMerger._add_scalar_arg): `api-key`, since `--api_key` is no
+    flag of its parser (seen with sglang 0.5.23: "unrecognized arguments: --api_key").
+    The value quoted, so that YAML never reads it as a number or a boolean; keys are
+    url-safe base64 with a letter first (records.new_key): nothing to escape, and never
+    taken for a flag when SGLang turns it back into argv."""
+    return f'api-key: "{key}"\n'
 
 
 def refuse_own_key(spec: EngineSpec) -> None:
