@@ -5,6 +5,7 @@ rules (the live tests run them together: tests/integration/test_engine_keys_live
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import stat
 import sys
@@ -150,6 +151,20 @@ def test_spawn_puts_the_key_in_the_engines_environment_and_its_file(tmp_path: Pa
     assert "KEY=llmgw-sekrit" in text and "ARGV=a" in text
     assert (tmp_path / "k.yaml").read_text() == 'api-key: "llmgw-sekrit"\n'
     assert stat.S_IMODE(os.stat(tmp_path / "k.yaml").st_mode) == 0o600
+
+
+def test_a_launchers_plan_file_is_private_and_only_the_engine_gets_the_key(tmp_path: Path) -> None:
+    from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
+    pre = ProcessPlan("ray-head", (sys.executable, "-c", "pass"), {}, str(tmp_path))
+    main = ProcessPlan("engine", (sys.executable, "-c", "pass"), {}, str(tmp_path))
+    plan = LaunchPlan((pre, main), api_key_env="VLLM_API_KEY")
+    pid = spawn_plan(plan, str(tmp_path), str(tmp_path / "engine.log"), "r1", "llmgw-sekrit")
+    os.waitpid(pid, 0)
+    doc = tmp_path / "plan.json"
+    assert stat.S_IMODE(os.stat(doc).st_mode) == 0o600
+    written = json.loads(doc.read_text())
+    assert written["main"]["env"]["VLLM_API_KEY"] == "llmgw-sekrit"
+    assert written["pre"][0]["env"].get("VLLM_API_KEY") != "llmgw-sekrit"
 
 
 # ---- on the wire, the server's table, the router's -------------------------------------
