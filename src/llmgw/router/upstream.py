@@ -349,6 +349,12 @@ class Relay:
                 if status in RETRY_STATUS:
                     self.metrics.upstream_error(r.replica_id, "status")
                     raise Failed(f"engine answered HTTP {status}")
+                if status == 401 and r.auth:
+                    # The engine refused the key the table gave for it (it restarted with a
+                    # new one this router has not polled yet): the engine's fault, never the
+                    # client's, whose own key the router already accepted. Another replica.
+                    self.metrics.upstream_error(r.replica_id, "status")
+                    raise Failed("engine refused the key the endpoint table gave for it (HTTP 401)")
                 now = trio.current_time()
                 r.last_ok = now  # evidence for the balancer: this replica answers
                 r.fails = 0
