@@ -108,6 +108,14 @@ def test_a_deployment_that_sets_its_own_key_is_refused_with_a_reason(kind: Engin
         plan_of(spec(kind, args=(arg, "x")))
 
 
+@pytest.mark.parametrize("args", [("--tokenizer-worker-num", "4"), ("--tokenizer-worker-num=2",),
+                                  ("--grpc-port", "30001")])
+def test_sglang_options_that_take_no_key_are_refused_with_a_reason(args: tuple[str, ...]) -> None:
+    with pytest.raises(EngineError, match="takes no API key"):
+        plan_of(spec(EngineKind.SGLANG, args=args))
+    plan_of(spec(EngineKind.SGLANG, args=("--tokenizer-worker-num", "1")))  # one: fine
+
+
 # ---- the key on disk, and at spawn -----------------------------------------------------
 
 

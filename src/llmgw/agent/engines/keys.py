@@ -78,6 +78,38 @@ def refuse_own_key(spec: EngineSpec) -> None:
                 + ") and sends it from the agent and the routers, so remove it from args")
 
 
+def _flag_value(args: tuple[str, ...], flag: str) -> str | None:
+    """The value a command line gives `flag` last (`--f v` or `--f=v`); None: not given."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def refuse_keyless_sglang(spec: EngineSpec) -> None:
+    """SGLang 0.5.23 options that cannot run with an API key, refused at start with the
+    reason rather than left to fail in the engine: several tokenizer workers (its
+    init_multi_tokenizer asserts "API key is not supported in multi-tokenizer mode") and
+    its native gRPC listener (arg_groups/serving_hook.py: "--grpc-port is incompatible
+    with --api-key", the listener bypasses the HTTP middleware)."""
+    workers = _flag_value(spec.args, "--tokenizer-worker-num")
+    try:
+        several = workers is not None and int(workers) > 1
+    except ValueError:
+        several = False  # SGLang's own parser says what is wrong with it
+    why = ""
+    if several:
+        why = "--tokenizer-worker-num above 1 (SGLang takes no API key in multi-tokenizer mode)"
+    elif _flag_value(spec.args, "--grpc-port") is not None:
+        why = "--grpc-port (SGLang's gRPC listener takes no API key)"
+    if why:
+        raise EngineError(f"replica {spec.replica_id}: the deployment's args set {why}; llmgw "
+                          "gives every engine an API key of its own, so remove it from args")
+
+
 def with_key(plan: LaunchPlan, spec: EngineSpec) -> LaunchPlan:
     """`plan` with its engine set up to require the key the agent gives it at spawn: on
     the process that serves HTTP (single node, a gang's rank 0); members that serve none
@@ -88,6 +120,7 @@ def with_key(plan: LaunchPlan, spec: EngineSpec) -> LaunchPlan:
     refuse_own_key(spec)
     main = plan.main
     if spec.engine is EngineKind.SGLANG:
+        refuse_keyless_sglang(spec)
         path = sglang_key_file(main.cwd)
         main = evolve(main, argv=(*main.argv, "--config", path))
         return evolve(plan, processes=(*plan.processes[:-1], main), api_key_file=path)
