@@ -33,6 +33,7 @@ PURE = [
     "llmgw.agent.engines.simulated",
     "llmgw.agent.engines.plan",
     "llmgw.agent.engines.build",
+    "llmgw.agent.engines.keys",
     "llmgw.agent.engines",
     "llmgw.agent.engines.env",
     "llmgw.agent.discovery.nvidia_smi",
