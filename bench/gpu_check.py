@@ -1,55 +1,55 @@
-"""The GPU check (issue 18): one command, at most 9 minutes, on a machine with NVIDIA GPUs.
+"""The GPU check (issues 18, 30): one command, at most 9 minutes, on a machine with NVIDIA GPUs.
 
-Run it as root on the GPU machine, from a checkout with llmgw installed with its test
-extra (`pip install -e '.[test]'`: the check drives the router with the `openai` client);
-the machine needs the package index and nothing else from outside:
+On the GPU machine we are lent (PyTorch with CUDA, nvidia-ml-py; no vLLM, no network),
+from this checkout with the wheels bench/gpu_wheels.py made here (dist/gpu-wheels):
 
-    python bench/gpu_check.py [--vllm vllm==0.32.0] [--venv DIR] [--out gpu_check.json]
-    python bench/gpu_check.py --engine simulated       # steps 5-7 on CPU, faked NVML
+    pip install --no-index --find-links dist/gpu-wheels llmgw && python bench/gpu_check.py
 
-Steps, in order (each one's pass/fail, seconds and figures go into the JSON):
+    python bench/gpu_check.py [--engine standin|simulated|vllm] [--out gpu_check.json]
+
+Modes (`--engine`):
+
+- standin (the default): real NVML and nvidia-smi, and the torch stand-in for vLLM
+  (bench/gpu_check_vllm.py: vLLM's argv, CUDA_VISIBLE_DEVICES and memory rules, memory
+  held with torch, served by llmgw's simulated engine) as `engines.vllm.bin`.
+- simulated: the suite's (tests/integration/test_gpu_check_simulated.py): the agent's
+  NVML faked from a state file (bench/gpu_check_fake_nvml), the stand-in in its fake-CUDA
+  mode over that file. The steps that need real NVML, nvidia-smi or CUDA are not in it.
+- vllm: real vLLM installed into a venv (`--vllm`, `--venv`; needs the package index),
+  a tiny model made locally; the stand-in's stalling and sleeping steps are not in it.
+
+Steps, in order (each one's pass/fail, seconds, figures and notes go into the JSON):
 
 1. facts: `nvidia-smi -q` and `nvidia-smi topo -m`, saved (bounded); driver and CUDA
    versions, GPU count.
-2. discovery: llmgw's two GPU sources (NVML through nvidia-ml-py, the nvidia-smi
-   fallback) compared on every FIELDS value; a GPU NVML reports unhealthy fails it.
-3. install_vllm: `--vllm` into a venv of its own (`--venv`; uv when on PATH, else pip),
-   timed; a venv that has that version already is reused. torch must see CUDA.
-4. make_model: a tiny Llama made locally (tests/real_engine/make_model.py --shape gpu:
-   head_dim 64, dimensions multiples of 64, float16); no download.
-5. cluster: llmgw server, agent (NVML, the real vLLM as engines.vllm.bin) and router as
-   real processes (tests/fakes/live.py Cluster; tests/real_engine's Rig).
-6. serve: the model ready on a GPU through llmgw's launch plans; the engine's
-   CUDA_VISIBLE_DEVICES must be NVML indices; a chat completion through the router.
-7. foreign_memory: a torch process (`train.py`) takes ~85% of every GPU; a deployment
-   that would land there must not start, and ctl describe's reason must name its pid.
-8. kill_while_loading: an engine's session leader SIGKILLed while it loads; seconds
-   until its GPU memory is back (NVML) and until a replica is placed on that GPU again
-   (placed before the memory is back fails).
+2. discovery: llmgw's two GPU sources (NVML, the nvidia-smi fallback) compared on every
+   FIELDS value and process; a GPU NVML reports unhealthy fails it.
+3. nvml_calls: every NVML call llmgw's readers make (inventory, memory, utilisation, the
+   Xid watch), each with its arguments and what it returned or raised: a raw table.
+4. cuda_numbering: CUDA's devices from child processes (CUDA_DEVICE_ORDER=PCI_BUS_ID;
+   then CUDA_VISIBLE_DEVICES=n for each n) against NVML's indices, by UUID.
+5. preflight: llmgw's pre-flight probe at world size 1 on GPU 0; it must run NCCL.
+6. install_vllm, make_model (vllm mode only).
+7. cluster: llmgw server, agent (NVML) and router as real processes.
+8. serve: a replica ready on a GPU through llmgw's launch plans; the engine's
+   CUDA_VISIBLE_DEVICES NVML indices; a chat completion through the router.
+9. foreign_memory: a process (`train.py`) takes ~85% of every GPU; a deployment that
+   would land there must not start, and ctl describe's reason must name its pid.
+10. kill_while_loading: an engine's session leader SIGKILLed while it loads; seconds
+    until its GPU memory is back (NVML) and until a replica is placed there again.
+11. startup_deadline: a silent stand-in and one logging vLLM's shm_broadcast wait line,
+    startup_timeout 8 s: both failed near 8 s, not held until startup_max.
+12. sleep_wake: sleep_when_idle; NVML's used memory awake, asleep, woken by a request.
 
-A global deadline (`--deadline`, 540 s) bounds every wait; 30 s of it are kept for the
-cleanup (every process the check started is stopped by pid). A step past the deadline,
-or whose needs did not pass, is "not run", which fails the check: exit 0 only when every
-step passed.
-
-`--engine simulated` runs steps 5-8 with llmgw's simulated engine and an agent whose
-pynvml is bench/gpu_check_fake_nvml (GPUs from a state file, where the check lists its
-sleeping `train.py` as holding 85% of each GPU); steps 1-4 are not in that mode. The
-suite runs that mode and steps 1-4 against tests/fakes (tests/integration/
-test_gpu_check_simulated.py, tests/unit/test_gpu_check.py): only a GPU run checks real
-NVML, nvidia-smi, CUDA, vLLM's own memory use and the driver's release of it.
-
-Not a step yet (issue 25, autoscale.sleep_when_idle; sleep mode needs CUDA, so the suite
-checks it on the simulated engine only): a deployment with `sleep_when_idle: true` and a
-short `idle_to_zero`, idle until `GET /is_sleeping` says true; then NVML's used memory of
-its GPU (should fall to about the CUDA context: weights and KV cache freed), the seconds
-from a request through the router to its first token (vLLM publishes 0.1-0.4 s for the
-wake itself), and the engine's pid unchanged.
+A global deadline (`--deadline`, 540 s) bounds every wait (SIGALRM past it); 30 s of it
+are kept for the cleanup (every process the check started is stopped by pid). A step
+that raises fails alone; a step past the deadline, or whose needs did not pass, is "not
+run", which fails the check: exit 0 only when every step passed.
 
 The JSON (`--out`): {"check", "mode", "deadline_s", "seconds", "passed",
 "steps": [{"name", "status": "pass"|"fail"|"not run", "seconds", "figures", "notes"}],
-"steps_not_in_mode"}. It is written again after every step, so a run cut short leaves
-what it found.
+"steps_not_in_mode", "cannot_check"}. It is written again after every step, so a run cut
+short leaves what it found.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -88,8 +89,20 @@ from llmgw.model.inventory import Gpu
 VLLM_DEFAULT = "vllm==0.32.0"  # the version the CPU tier runs (tests/real_engine/install_vllm.sh)
 DEADLINE = 540.0
 CLEANUP_RESERVE = 30.0
-ALL_STEPS = ("facts", "discovery", "install_vllm", "make_model", "cluster", "serve", "foreign_memory",
-             "kill_while_loading")
+ALL_STEPS = ("facts", "discovery", "nvml_calls", "cuda_numbering", "preflight", "install_vllm",
+             "make_model", "cluster", "serve", "foreign_memory", "kill_while_loading",
+             "startup_deadline", "sleep_wake")
+# What no mode of this check reaches, in the JSON so that a pass is not read as more.
+CANNOT_CHECK = (
+    "tensor parallel > 1 (one GPU lent): NCCL and vLLM's custom all-reduce across GPUs, "
+    "the pre-flight at world size > 1",
+    "NVLink peers and NVSwitch fabric state (one GPU: nvlink_peers is empty)",
+    "NCCL over InfiniBand/RoCE and multi-node gangs (one node, no HCA)",
+    "Xid events (none is raised on purpose)",
+)
+NOT_IN_STANDIN = ("real vLLM: its load, CUDA graphs, KV cache sizing, its own sleep (cumem) "
+                  "and its shutdown; the stand-in applies vLLM's rules and holds memory with torch",)
+NOT_IN_SIMULATED = ("NVML, nvidia-smi, CUDA, the driver's release of memory: all faked",)
 
 # The Gpu fields both discovery paths read; a difference in any is a finding. Not
 # memory_free (it moves between the two reads). nvidia-smi's query reads no health and no
@@ -194,32 +207,53 @@ def discovery(nvml: Any | None, smi: str | None, pci_root: str = PCI_ROOT) -> Ou
 
 def plan(args: argparse.Namespace, work: Path, ctx: dict[str, Any]) -> list[Step]:
     """The steps of `args.engine`'s mode, each a closure over its inputs."""
-    import gpu_check_live as live  # after sys.path holds tests/ (it imports the rig)
+    import gpu_check_live as live  # after sys.path holds tests/ (it imports tests/fakes)
+    import gpu_check_probes as probes
+
+    from fakes.engines import free_port
 
     deadline: Deadline = ctx["deadline"]
     steps: list[Step] = []
-    if args.engine == "vllm":
+    needs: tuple[str, ...] = ()
+    side: Callable[[], Any]
+    if args.engine in ("standin", "vllm"):
         smi = shutil.which("nvidia-smi")
         nvml = load_nvml()
-        venv = Path(args.venv) if args.venv else Path(tempfile.gettempdir()) / (
-            "llmgw-gpu-check-" + args.vllm.replace("=", "").replace("/", "_"))
-        model = work / "tiny-gpu"
 
-        def side() -> Any:
-            return live.VllmSide(venv, model, nvml)
+        def uuids() -> dict[int, str]:
+            return {g.index: u for u, g in live.read_gpus(nvml).items()}
 
         steps += [
             ("facts", lambda: facts(smi), ()),
             ("discovery", lambda: discovery(nvml, smi), ()),
-            ("install_vllm", lambda: install_vllm(args.vllm, venv, deadline, uv=which_uv()), ()),
-            ("make_model", lambda: make_model(venv / "bin" / "python", model, deadline), ("install_vllm",)),
+            ("nvml_calls", lambda: probes.nvml_calls(nvml, PCI_ROOT), ()),
         ]
-        needs: tuple[str, ...] = ("install_vllm", "make_model")
+        if args.engine == "standin":
+            steps += [
+                ("cuda_numbering", lambda: probes.cuda_numbering(uuids(), deadline), ()),
+                ("preflight", lambda: probes.preflight_probe(free_port(), deadline), ()),
+            ]
+
+            def side() -> Any:
+                return live.StandinSide(work, nvml)
+        else:
+            venv = Path(args.venv) if args.venv else Path(tempfile.gettempdir()) / (
+                "llmgw-gpu-check-" + args.vllm.replace("=", "").replace("/", "_"))
+            model = work / "tiny-gpu"
+
+            def side() -> Any:
+                return live.VllmSide(venv, model, nvml)
+
+            steps += [
+                ("install_vllm", lambda: install_vllm(args.vllm, venv, deadline, uv=which_uv()), ()),
+                ("make_model", lambda: make_model(venv / "bin" / "python", model, deadline), ("install_vllm",)),
+            ]
+            needs = ("install_vllm", "make_model")
     else:
         def side() -> Any:
             return live.SimulatedSide(work)
 
-        needs = ()
+        steps.append(("nvml_calls", lambda: probes.nvml_calls(live.load_fake_nvml().current(), PCI_ROOT), ()))
 
     def cluster() -> Outcome:
         ctx["rig"] = live.GpuRig(work / "cluster", side())
@@ -231,7 +265,17 @@ def plan(args: argparse.Namespace, work: Path, ctx: dict[str, Any]) -> list[Step
         ("foreign_memory", lambda: live.foreign_memory(ctx["rig"], deadline), ("cluster",)),
         ("kill_while_loading", lambda: live.kill_while_loading(ctx["rig"], deadline), ("cluster",)),
     ]
+    if args.engine != "vllm":
+        steps += [
+            ("startup_deadline", lambda: live.startup_deadline(ctx["rig"], deadline), ("cluster",)),
+            ("sleep_wake", lambda: live.sleep_wake(ctx["rig"], deadline), ("cluster",)),
+        ]
     return steps
+
+
+def cannot_check(mode: str) -> list[str]:
+    extra = {"standin": NOT_IN_STANDIN, "simulated": NOT_IN_STANDIN + NOT_IN_SIMULATED}.get(mode, ())
+    return [*CANNOT_CHECK, *extra]
 
 
 def _alarm(_sig: int, _frame: FrameType | None) -> None:
@@ -240,8 +284,9 @@ def _alarm(_sig: int, _frame: FrameType | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--engine", choices=("vllm", "simulated"), default="vllm",
-                    help="vllm: the whole check on the GPUs; simulated: steps 5-8 on CPU, faked NVML")
+    ap.add_argument("--engine", choices=("standin", "simulated", "vllm"), default="standin",
+                    help="standin: on the GPUs with the torch stand-in for vLLM (default); "
+                         "simulated: on CPU, faked NVML; vllm: real vLLM installed into a venv")
     ap.add_argument("--vllm", default=VLLM_DEFAULT, help=f"the pip requirement (default {VLLM_DEFAULT})")
     ap.add_argument("--venv", default="", help="vLLM's venv (default: a folder per version under the temp dir)")
     ap.add_argument("--out", default="gpu_check.json", help="the JSON figures (default gpu_check.json)")
@@ -260,13 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     names = [s[0] for s in steps]
     not_in_mode = [n for n in ALL_STEPS if n not in names]
 
+    def document(results: list[StepResult]) -> dict[str, Any]:
+        doc = report(args.engine, results, time.monotonic() - t0, args.deadline, not_in_mode)
+        return {**doc, "cannot_check": cannot_check(args.engine)}
+
     def write(results: list[StepResult]) -> None:
         done = {r.name for r in results}
         pending = [*results, *(StepResult(n, NOT_RUN, 0.0, notes=("not reached yet",))
                                for n in names if n not in done)]
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(report(args.engine, pending, time.monotonic() - t0, args.deadline,
-                                         not_in_mode), indent=2))
+        tmp.write_text(json.dumps(document(pending), indent=2))
         os.replace(tmp, out)
 
     signal.signal(signal.SIGALRM, _alarm)
@@ -282,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_all(rig)
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
-    doc = report(args.engine, results, time.monotonic() - t0, args.deadline, not_in_mode)
+    doc = document(results)
     out.write_text(json.dumps(doc, indent=2))
     for r in results:
         print(f"{r.status:8} {r.name:20} {r.seconds:7.1f}s  {'; '.join(r.notes)[:300]}")

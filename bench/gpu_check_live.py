@@ -1,17 +1,25 @@
-"""The GPU check's steps 5-7: llmgw's real processes (server, agent, router) with an engine
-on the GPUs, through llmgw's own launch plans.
+"""The GPU check's live steps: llmgw's real processes (server, agent, router) with an
+engine on the GPU, through llmgw's own launch plans.
 
-5. serve: a chat completion through the router with the `openai` client.
-6. foreign_memory: a process that is no engine of llmgw holds ~85% of every GPU; a
-   deployment that would land there is refused, and the reason names that pid.
-7. kill_while_loading: an engine SIGKILLed while it loads; the seconds until its GPU
-   memory is back (NVML) and until a replica is placed on that GPU again.
+- cluster: server, agent and router up; the node ready with its GPUs.
+- serve: a chat completion through the router (plain HTTP); the engine's
+  CUDA_VISIBLE_DEVICES NVML indices.
+- foreign_memory: a process that is no engine of llmgw holds ~85% of every GPU; a
+  deployment that would land there is refused, and the reason names that pid.
+- kill_while_loading: an engine SIGKILLed while it loads; the seconds until its GPU
+  memory is back (NVML) and until a replica is placed on that GPU again.
+- startup_deadline: a stand-in that never serves and says nothing, and one that logs
+  vLLM's "No available shared memory broadcast block" line every second (a deadlocked
+  first forward): both must be failed at startup_timeout, not held for startup_max.
+- sleep_wake: a deployment with sleep_when_idle, idle until asleep; NVML's used memory
+  awake, asleep and woken again by a request through the router, the same pid.
 
-Two sides stand behind the same steps (`Side`): `VllmSide`, real vLLM with real pynvml
-and a torch process as the foreign holder; `SimulatedSide`, llmgw's simulated engine
-with the agent's NVML faked from a state file (bench/gpu_check_fake_nvml/pynvml.py), in
-which the check lists a sleeping process as the holder. The rig and cluster are the
-real-engine tier's (tests/real_engine/test_vllm_live.py Rig, tests/fakes/live.py).
+Three sides stand behind the same steps (`Side`): `StandinSide`, the GPU machine with
+torch but no vLLM: real NVML, the torch stand-in for vLLM (bench/gpu_check_vllm.py) as
+`engines.vllm.bin`, a torch process as the foreign holder; `SimulatedSide`, the suite's:
+the same stand-in in its fake-CUDA mode over the agent's NVML faked from a state file
+(bench/gpu_check_fake_nvml/pynvml.py), in which the check lists a sleeping process as the
+holder; `VllmSide`, real vLLM from a venv (where the package index is reachable).
 """
 
 from __future__ import annotations
@@ -24,24 +32,31 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 from gpu_check_steps import REPO, Deadline, Outcome
 
 sys.path.insert(0, str(REPO / "tests"))
 
-from fakes.live import LLMGW, Proc, engine_pids  # noqa: E402
+from fakes.live import LLMGW, Cluster, Proc, engine_pids  # noqa: E402
 from llmgw.agent import procs  # noqa: E402
-from real_engine.test_vllm_live import MODEL, Rig  # noqa: E402
 
-FAKE_NVML_DIR = Path(__file__).resolve().parent / "gpu_check_fake_nvml"
+BENCH = Path(__file__).resolve().parent
+FAKE_NVML_DIR = BENCH / "gpu_check_fake_nvml"
+STANDIN = BENCH / "gpu_check_vllm.py"
 NODE = "gpu-1"
 POLL = 0.25
 HOG_FRACTION = 0.85
+UTILIZATION = 0.3  # the stand-in's and vLLM's share: the foreign process's 85% leaves less
 CVD = re.compile(r"^\d+(,\d+)*$")
+MODEL = "tiny"  # the served name of the serve step
+STALL_TIMEOUT = 8  # startup_timeout of the stalling deployments, seconds
+STALL_SLACK = 20.0  # what the agent may take past it (its checks, the kill, the report)
 
 
 @frozen
@@ -54,6 +69,10 @@ class GpuNow:
     total: int  # MiB
     free: int  # MiB
     pids: dict[int, int]  # compute process -> MiB
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free
 
 
 def read_gpus(nvml: Any) -> dict[str, GpuNow]:
@@ -83,17 +102,43 @@ class Deploy:
     engine: str
     model: str
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = {}
-    gpu_memory_min: int = 0  # MiB
+    env: Mapping[str, str] = field(factory=dict)
 
     def yaml(self, name: str, served: str, startup_timeout: int, env: Mapping[str, str] | None = None) -> str:
-        lines = [f"name: {name}", f"model: {self.model}", f"served_name: {served}",
-                 f"engine: {self.engine}", "gpus_per_node: 1", "replicas: 1",
-                 f"startup_timeout: {startup_timeout}s", f"args: {json.dumps(list(self.args))}",
-                 f"env: {json.dumps({**self.env, **(env or {})})}"]
-        if self.gpu_memory_min:
-            lines.append(f"gpu_memory_min: {self.gpu_memory_min}")
-        return "\n".join(lines) + "\n"
+        return "\n".join([f"name: {name}", f"model: {self.model}", f"served_name: {served}",
+                          f"engine: {self.engine}", "gpus_per_node: 1", "replicas: 1",
+                          f"startup_timeout: {startup_timeout}s", f"args: {json.dumps(list(self.args))}",
+                          f"env: {json.dumps({**self.env, **(env or {})})}"]) + "\n"
+
+
+SLEEP_YAML = """autoscale:
+  min: 0
+  max: 1
+  in_flight_per_replica: 2
+  scale_up_after: 1s
+  scale_down_after: 2s
+  idle_to_zero: 3s
+  sleep_when_idle: true
+"""
+
+
+def write_wrapper(path: Path, python: str, script: Path) -> Path:
+    """An executable that `engines.vllm.bin` names: its #! line is the Python that has
+    torch and llmgw (the agent reads the engine's Python from it), and it execs the
+    stand-in in the same process (the pid the agent spawned stays the engine's)."""
+    path.write_text(f"#!{python}\nimport os, sys\n"
+                    f"os.execv(sys.executable, [sys.executable, {str(script)!r}, *sys.argv[1:]])\n")
+    path.chmod(0o755)
+    return path
+
+
+def make_model(root: Path) -> Path:
+    """A model folder the stand-in is given (it reads nothing of it): a config.json."""
+    model = root / "tiny-standin"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                   "model_type": "llama"}))
+    return model
 
 
 class Side:
@@ -103,10 +148,11 @@ class Side:
     deploy: Deploy
     # Environment for the deployment that is to be killed while it loads: it must load
     # for longer than the check takes to aim.
-    slow_env: Mapping[str, str] = {}
-    kill_after = 3.0  # seconds after spawn, where no GPU memory shows loading sooner
+    slow_env: Mapping[str, str] = {"LLMGW_STANDIN_LOAD_SECONDS": "60"}
+    kill_after = 5.0  # seconds after spawn, where no GPU memory shows loading sooner
+    standin = True  # the stalling and sleeping steps need the stand-in's knobs
 
-    def agent_kw(self) -> dict[str, Any]:
+    def agent_kw(self, root: Path) -> dict[str, Any]:
         raise NotImplementedError
 
     def agent_env(self) -> dict[str, str]:
@@ -137,21 +183,61 @@ time.sleep(3600)
 '''
 
 
+def torch_hog(python: str, root: Path, deadline: Deadline) -> Proc:
+    script = root / "train.py"  # what an operator would see: "python train.py 0.85"
+    script.write_text(HOG)
+    hog = Proc([python, str(script), str(HOG_FRACTION)], root / "hog.log",
+               env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    end = time.monotonic() + deadline.bound(90)
+    while "holding" not in hog.text():
+        if hog.p.poll() is not None or time.monotonic() > end:
+            text = hog.text()[-800:]
+            hog.stop(signal.SIGKILL)
+            raise RuntimeError(f"the foreign process did not take the memory: {text}")
+        time.sleep(POLL)
+    return hog
+
+
+class StandinSide(Side):
+    """The lent GPU machine: real NVML, torch, the stand-in for vLLM."""
+
+    name = "standin"
+
+    def __init__(self, root: Path, nvml: Any) -> None:
+        self.nvml = nvml
+        self.bin = write_wrapper(root / "vllm", sys.executable, STANDIN)
+        self.deploy = Deploy("vllm", str(make_model(root)), ("--gpu-memory-utilization", str(UTILIZATION)))
+
+    def agent_kw(self, root: Path) -> dict[str, Any]:
+        return {"discovery": {"prefer_nvml": True, "nvidia_smi": "", "interval": "2s"},
+                "engines": {"vllm": {"bin": str(self.bin), "launch_mode": "mp"}}}
+
+    def read(self) -> dict[str, GpuNow]:
+        return read_gpus(self.nvml)
+
+    def start_hog(self, root: Path, deadline: Deadline) -> tuple[Proc, dict[str, int]]:
+        hog = torch_hog(sys.executable, root, deadline)
+        return hog, {u: g.pids.get(hog.pid, 0) for u, g in self.read().items()}
+
+
 class VllmSide(Side):
+    """Real vLLM from its venv (a machine that can install it)."""
+
     name = "vllm"
+    slow_env: Mapping[str, str] = {}
+    kill_after = 20.0
+    standin = False
 
     def __init__(self, venv: Path, model: Path, nvml: Any) -> None:
         self.venv = venv
         self.nvml = nvml
-        # --enforce-eager: no torch.compile nor CUDA-graph capture (minutes on a first
-        # start); 0.3 of the GPU leaves the foreign process's 85% enough to refuse.
+        # --enforce-eager: no torch.compile nor CUDA-graph capture (minutes on a first start).
         self.deploy = Deploy("vllm", str(model),
                              ("--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "16",
-                              "--gpu-memory-utilization", "0.3"),
+                              "--gpu-memory-utilization", str(UTILIZATION)),
                              {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-        self.kill_after = 20.0
 
-    def agent_kw(self) -> dict[str, Any]:
+    def agent_kw(self, root: Path) -> dict[str, Any]:
         return {"discovery": {"prefer_nvml": True, "nvidia_smi": "", "interval": "2s"},
                 "engines": {"vllm": {"bin": str(self.venv / "bin" / "vllm"), "launch_mode": "mp"}}}
 
@@ -159,24 +245,15 @@ class VllmSide(Side):
         return read_gpus(self.nvml)
 
     def start_hog(self, root: Path, deadline: Deadline) -> tuple[Proc, dict[str, int]]:
-        script = root / "train.py"  # what an operator would see: "python train.py 0.85"
-        script.write_text(HOG)
-        hog = Proc([str(self.venv / "bin" / "python"), str(script), str(HOG_FRACTION)], root / "hog.log",
-                   env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
-        end = time.monotonic() + deadline.bound(90)
-        while "holding" not in hog.text():
-            if hog.p.poll() is not None or time.monotonic() > end:
-                text = hog.text()[-800:]
-                hog.stop(signal.SIGKILL)
-                raise RuntimeError(f"the foreign process did not take the memory: {text}")
-            time.sleep(POLL)
+        hog = torch_hog(str(self.venv / "bin" / "python"), root, deadline)
         return hog, {u: g.pids.get(hog.pid, 0) for u, g in self.read().items()}
 
 
 class SimulatedSide(Side):
+    """The suite's: the stand-in in fake-CUDA mode over a fake NVML's state file."""
+
     name = "simulated"
-    slow_env = {"LLMGW_SIM_LOAD_SECONDS": "60"}
-    kill_after = 1.0
+    kill_after = 5.0
 
     def __init__(self, root: Path, gpus: int = 1, total_mib: int = 80 * 1024) -> None:
         self.state = root / "fake-nvml.json"
@@ -185,12 +262,10 @@ class SimulatedSide(Side):
         self._write({})
         os.environ["LLMGW_FAKE_NVML"] = str(self.state)  # this process reads the same fake
         self.nvml = load_fake_nvml()
-        # Placement and the supervisor count gpu_memory_min as need; the simulated engine
-        # asks for no share of its own.
-        self.deploy = Deploy("simulated", "org/tiny", (),
-                             {"LLMGW_SIM_LOAD_SECONDS": "0.2", "LLMGW_SIM_TTFT": "0.01",
-                              "LLMGW_SIM_TOKENS_PER_SECOND": "1000"},
-                             gpu_memory_min=int(total_mib * 0.3))
+        self.bin = write_wrapper(root / "vllm", sys.executable, STANDIN)
+        self.deploy = Deploy("vllm", str(make_model(root)), ("--gpu-memory-utilization", str(UTILIZATION)),
+                             {"LLMGW_STANDIN_FAKE_CUDA": str(self.state), "LLMGW_SIM_TTFT": "0.01",
+                              "LLMGW_SIM_TOKENS_PER_SECOND": "1000"})
 
     def _write(self, processes: dict[int, list[list[int]]]) -> None:
         tmp = self.state.with_suffix(".tmp")
@@ -198,8 +273,9 @@ class SimulatedSide(Side):
                                    "processes": {str(k): v for k, v in processes.items()}}))
         os.replace(tmp, self.state)
 
-    def agent_kw(self) -> dict[str, Any]:
-        return {"discovery": {"prefer_nvml": True, "interval": "1s"}}
+    def agent_kw(self, root: Path) -> dict[str, Any]:
+        return {"discovery": {"prefer_nvml": True, "interval": "1s"},
+                "engines": {"vllm": {"bin": str(self.bin), "launch_mode": "mp"}}}
 
     def agent_env(self) -> dict[str, str]:
         path = os.pathsep.join([str(FAKE_NVML_DIR), os.environ.get("PYTHONPATH", "")])
@@ -232,13 +308,18 @@ def load_fake_nvml() -> Any:
     return module
 
 
-class GpuRig(Rig):
-    """The real-engine tier's Rig with the agent on this machine's GPUs (or the fake's)."""
+class GpuRig:
+    """Server, agent (on this machine's GPUs, or the fake's) and router as real processes
+    (tests/fakes/live.py's Cluster), driven through `llmgw ctl` and plain HTTP (urllib:
+    nothing of the test tier, openai or pytest, is needed on the GPU machine)."""
 
     def __init__(self, root: Path, side: Side) -> None:
-        super().__init__(root, root, root)
+        self.root = root
         self.side = side
-        self.agent_kw = side.agent_kw()
+        self.c = Cluster(root, heartbeat="1s", lost_after="60s")
+        self.agent_kw = side.agent_kw(root)
+        self.agent: Proc | None = None
+        self.router_url = ""
 
     def start_agent(self) -> Proc:
         cfg = self.c.agent_config(NODE, **self.agent_kw)
@@ -247,9 +328,17 @@ class GpuRig(Rig):
         self.c.procs.append(self.agent)
         return self.agent
 
-    def apply(self, name: str, served: str, deadline: Deadline, env: Mapping[str, str] | None = None) -> None:
+    def start_router(self) -> None:
+        # A request for an asleep model is held (cold start) while the engine wakes.
+        _proc, port = self.c.start_router("edge", extra='load_report_interval = "500ms"\n'
+                                                         'cold_start_budget = "60s"\n')
+        self.router_url = f"http://127.0.0.1:{port}"
+
+    def apply(self, name: str, served: str, deadline: Deadline, env: Mapping[str, str] | None = None,
+              *, startup_timeout: int = 0, extra: str = "") -> None:
         f = self.root / f"{name}.yaml"
-        f.write_text(self.side.deploy.yaml(name, served, max(30, int(deadline.left())), env))
+        f.write_text(self.side.deploy.yaml(name, served, startup_timeout or max(30, int(deadline.left())),
+                                           env) + extra)
         r = self.c.ctl("apply", "-f", str(f))
         if r.returncode != 0:
             raise RuntimeError(f"ctl apply {name}: {r.stderr.strip()}")
@@ -262,10 +351,15 @@ class GpuRig(Rig):
         return round(time.monotonic() - t0, 2) if gone else None
 
     def row(self, rid: str) -> dict[str, Any]:
+        """The replica as `ctl get replicas -o json` lists it ({} when it is not)."""
         r = self.c.ctl("get", "replicas", "-o", "json")
         if r.returncode != 0:
             return {}
         return next((x for x in json.loads(r.stdout) if x.get("id") == rid), {})
+
+    def status_row(self, rid: str) -> dict[str, Any]:
+        """The replica as `ctl status -o json` lists it (with `asleep`)."""
+        return next((x for x in self.status_json().get("replicas", []) if x.get("id") == rid), {})
 
     def describe(self, rid: str) -> str:
         r = self.c.ctl("describe", "replica", rid)
@@ -283,6 +377,37 @@ class GpuRig(Rig):
     def engine_log_of(self, rid: str) -> Path:
         return self.root / "agents" / NODE / "work" / "engines" / rid / "engine.log"
 
+    def http(self, method: str, path: str, body: dict[str, Any] | None = None,
+             timeout: float = 60) -> tuple[int, dict[str, Any]]:
+        """One request to the router: status and JSON body ({} when not JSON)."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.router_url + path, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        except OSError as exc:
+            return 0, {"error": str(exc)}
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = {"text": raw[:300].decode(errors="replace")}
+        return status, doc if isinstance(doc, dict) else {"body": doc}
+
+    def models(self) -> list[str]:
+        status, doc = self.http("GET", "/v1/models", timeout=10)
+        return [m.get("id") for m in doc.get("data", [])] if status == 200 else []
+
+    def chat(self, model: str, max_tokens: int = 5) -> tuple[int, dict[str, Any]]:
+        return self.http("POST", "/v1/chat/completions",
+                         {"model": model, "max_tokens": max_tokens,
+                          "messages": [{"role": "user", "content": "hello"}]})
+
+    def close(self) -> None:
+        self.c.close()
+
 
 def poll(cond: Callable[[], Any], timeout: float, interval: float = POLL) -> Any:
     """cond()'s first truthy value within `timeout` seconds, else None."""
@@ -292,6 +417,15 @@ def poll(cond: Callable[[], Any], timeout: float, interval: float = POLL) -> Any
         if value or time.monotonic() >= end:
             return value or None
         time.sleep(interval)
+
+
+def alive(pid: int) -> bool:
+    """Running: not gone, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def env_of(pid: int) -> dict[str, str]:
@@ -358,16 +492,15 @@ def serve(rig: GpuRig, deadline: Deadline) -> Outcome:
     if uuid in now and leader:
         session = set(procs.session_pids(leader))
         fig["engine_mib"] = sum(m for p, m in now[uuid].pids.items() if p in session)
-    c = rig.client()
-    if not poll(lambda: MODEL in [m.id for m in c.models.list().data], deadline.bound(30)):
+    if not poll(lambda: MODEL in rig.models(), deadline.bound(30)):
         return Outcome(False, fig, (*notes, "the router never listed the model"))
     t2 = time.monotonic()
-    chat = c.chat.completions.create(model=MODEL, max_tokens=5,
-                                     messages=[{"role": "user", "content": "hello"}])
+    status, chat = rig.chat(MODEL)
     fig["chat_s"] = round(time.monotonic() - t2, 3)
-    fig["completion_tokens"] = chat.usage.completion_tokens if chat.usage else None
-    if chat.choices[0].message.role != "assistant" or fig["completion_tokens"] != 5:
-        notes.append(f"unexpected answer: {chat.model_dump_json()[:300]}")
+    fig["completion_tokens"] = (chat.get("usage") or {}).get("completion_tokens")
+    choice = (chat.get("choices") or [{}])[0]
+    if status != 200 or (choice.get("message") or {}).get("role") != "assistant" or fig["completion_tokens"] != 5:
+        notes.append(f"unexpected answer ({status}): {json.dumps(chat)[:300]}")
     t3 = time.monotonic()
     gone = rig.delete("tiny", deadline)
     fig["deleted_s"] = gone
@@ -489,6 +622,119 @@ def kill_while_loading(rig: GpuRig, deadline: Deadline) -> Outcome:
     elif back_at is not None and placed_at < back_at and held:
         notes.append(f"placed again {back_at - placed_at:.1f} s before the memory was back")
     fig["deleted_s"] = rig.delete("loadkill", deadline, 30)
+    return Outcome(not notes, fig, tuple(notes))
+
+
+# -- the startup deadline ---------------------------------------------------------------
+
+
+STALLS = {"silent": {"LLMGW_STANDIN_STALL": "silent"},
+          "broadcast": {"LLMGW_STANDIN_STALL": "broadcast", "LLMGW_STANDIN_STALL_EVERY": "1"}}
+
+
+def startup_deadline(rig: GpuRig, deadline: Deadline) -> Outcome:
+    """Two stand-ins that never serve, one after the other (llmgw places whole GPUs),
+    each with startup_timeout STALL_TIMEOUT: one silent, one logging vLLM's shm_broadcast
+    wait line every second. Each must be stopped as not ready within about STALL_TIMEOUT
+    of its spawn, not left starting until supervisor.startup_max (issue 30, 5)."""
+    fig: dict[str, Any] = {"startup_timeout_s": STALL_TIMEOUT}
+    notes: list[str] = []
+    for mode, env in STALLS.items():
+        name = f"stall-{mode}"
+        fig[mode] = got = stalled_start(rig, name, env, deadline)
+        if got.get("problem"):
+            notes.append(f"{name}: {got['problem']}")
+    return Outcome(not notes, fig, tuple(notes))
+
+
+def stalled_start(rig: GpuRig, name: str, env: Mapping[str, str], deadline: Deadline) -> dict[str, Any]:
+    """Deploy `name` (a stand-in that never serves), time its engine from spawn to its
+    end, read the reason, delete it."""
+    rid = f"{name}-0"
+    fig: dict[str, Any] = {}
+    rig.apply(name, name, deadline, env, startup_timeout=STALL_TIMEOUT)
+    leader = poll(lambda: rig.leader_of(rid), deadline.bound(60), 0.1)
+    if not leader:
+        row = rig.row(rid)
+        fig["problem"] = f"no engine spawned ({row.get('state')}: {row.get('reason')})"
+    else:
+        t0 = time.monotonic()
+        gone = poll(lambda: not alive(leader), deadline.bound(STALL_TIMEOUT + STALL_SLACK), 0.1)
+        took = time.monotonic() - t0
+        fig["ended_after_s"] = round(took, 2) if gone else None
+        row = rig.row(rid)
+        fig["state"], fig["reason"] = row.get("state"), row.get("reason")
+        fig["log_tail"] = tail(rig.engine_log_of(rid), 3)
+        if not gone:
+            fig["problem"] = (f"still running {STALL_TIMEOUT + STALL_SLACK:.0f} s after its spawn with "
+                              f"startup_timeout {STALL_TIMEOUT}s: the startup deadline took its log for "
+                              "progress" if "broadcast" in name else
+                              f"still running {STALL_TIMEOUT + STALL_SLACK:.0f} s after its spawn")
+    fig["deleted_s"] = rig.delete(name, deadline, 30)
+    return fig
+
+
+# -- sleep and wake ----------------------------------------------------------------------
+
+
+def sleep_wake(rig: GpuRig, deadline: Deadline) -> Outcome:
+    """autoscale.sleep_when_idle (idle_to_zero 3 s): served once, then idle until the
+    status says asleep; NVML's used memory of its GPU awake, asleep (should fall by about
+    the engine's budget: weights and KV cache freed, the CUDA context kept) and after a
+    request through the router woke it (back up); the engine's pid the same throughout."""
+    fig: dict[str, Any] = {}
+    notes: list[str] = []
+    name, rid = "sleepy", "sleepy-0"
+    base = rig.side.read()
+    rig.apply(name, name, deadline, extra=SLEEP_YAML)
+    ready = poll(lambda: (r := rig.row(rid)).get("state") == "ready" and r, deadline.bound(120), 0.5)
+    if not ready:
+        row = rig.row(rid)
+        return Outcome(False, fig, (f"{rid} not ready ({row.get('state')}: {row.get('reason')}); "
+                                    f"engine log: {tail(rig.engine_log_of(rid))}",))
+    uuid = (ready.get("gpus") or [""])[0]
+    pid = rig.leader_of(rid)
+    fig.update(gpu=uuid, pid=pid)
+    if not poll(lambda: name in rig.models(), deadline.bound(30)):
+        return Outcome(False, fig, ("the router never listed the model",))
+    status, _ = rig.chat(name)
+    if status != 200:
+        notes.append(f"the first request answered {status}")
+
+    def used() -> int | None:
+        g = rig.side.read().get(uuid)
+        return g.used if g else None
+
+    awake = used()
+    fig["used_mib_before"] = base[uuid].used if uuid in base else None
+    fig["used_mib_awake"] = awake
+    t0 = time.monotonic()
+    asleep = poll(lambda: rig.status_row(rid).get("asleep") is True, deadline.bound(60), 0.5)
+    fig["asleep_after_s"] = round(time.monotonic() - t0, 2) if asleep else None
+    if not asleep:
+        fig["deleted_s"] = rig.delete(name, deadline, 30)
+        return Outcome(False, fig, (*notes, f"never asleep: {rig.status_row(rid)}"))
+    # The engine frees its memory right after /sleep answers: wait for NVML to show it.
+    low = poll(lambda: (u := used()) is not None and awake is not None and u < awake - 1024 and u,
+               deadline.bound(30))
+    fig["used_mib_asleep"] = low or used()
+    t1 = time.monotonic()
+    status, doc = rig.chat(name)
+    fig["wake_request_s"] = round(time.monotonic() - t1, 2)
+    fig["wake_status"] = status
+    high = poll(lambda: (u := used()) is not None and awake is not None and u >= awake - 1024 and u,
+                deadline.bound(30))
+    fig["used_mib_woken"] = high or used()
+    fig["same_pid"] = rig.leader_of(rid) == pid
+    if not low:
+        notes.append(f"NVML's used memory did not fall while asleep ({awake} -> {fig['used_mib_asleep']} MiB)")
+    if status != 200:
+        notes.append(f"the request that should wake it answered {status}: {json.dumps(doc)[:300]}")
+    if not high:
+        notes.append(f"NVML's used memory not back after the wake ({fig['used_mib_woken']} MiB)")
+    if not fig["same_pid"]:
+        notes.append("another engine process answered: slept and woken must be the same one")
+    fig["deleted_s"] = rig.delete(name, deadline, 30)
     return Outcome(not notes, fig, tuple(notes))
 
 

@@ -151,9 +151,12 @@ def test_main_with_no_time_left_writes_every_step_as_not_run(tmp_path: Path) -> 
                          "--work", str(tmp_path / "w")])
     doc = json.loads(out.read_text())
     assert rc == 1 and doc["passed"] is False and doc["mode"] == "simulated"
-    assert [s["name"] for s in doc["steps"]] == ["cluster", "serve", "foreign_memory", "kill_while_loading"]
+    assert [s["name"] for s in doc["steps"]] == ["nvml_calls", "cluster", "serve", "foreign_memory",
+                                                 "kill_while_loading", "startup_deadline", "sleep_wake"]
     assert {s["status"] for s in doc["steps"]} == {NOT_RUN}
-    assert doc["steps_not_in_mode"] == ["facts", "discovery", "install_vllm", "make_model"]
+    assert doc["steps_not_in_mode"] == ["facts", "discovery", "cuda_numbering", "preflight",
+                                        "install_vllm", "make_model"]
+    assert any("tensor parallel > 1" in c for c in doc["cannot_check"])
 
 
 # -- step 1: facts ---------------------------------------------------------------------
@@ -326,7 +329,8 @@ def test_the_checks_nvml_read_sees_foreign_processes() -> None:
     assert [g.index for g in seen.values()] == [0, 1, 2, 3]
 
 
-def test_deployment_yaml_carries_the_sides_args_and_floor() -> None:
-    d = live.Deploy("simulated", "org/tiny", ("--x", "1"), {"A": "1"}, gpu_memory_min=24576)
+def test_deployment_yaml_carries_the_sides_args_and_env() -> None:
+    d = live.Deploy("vllm", "/m/tiny", ("--gpu-memory-utilization", "0.3"), {"A": "1"})
     text = d.yaml("held", "held", 120, {"B": "2"})
-    assert "gpu_memory_min: 24576" in text and '"A": "1", "B": "2"' in text and "startup_timeout: 120s" in text
+    assert '"--gpu-memory-utilization", "0.3"' in text and '"A": "1", "B": "2"' in text
+    assert "startup_timeout: 120s" in text and "engine: vllm" in text
