@@ -1,5 +1,6 @@
 """bench/gpu_wheels.py: the wheels that travel to the GPU machine (no network there).
-Its folder must install into a fresh venv with --no-index, and llmgw's CLI import there.
+Its folder must install into a fresh venv with --no-index, and llmgw's CLI and the GPU
+check's modules import there (before issue 30 the check needed openai, trio, pyzmq...).
 About 15 s here; skipped where no package index answers (the script needs one)."""
 
 from __future__ import annotations
@@ -62,3 +63,9 @@ def test_the_folder_installs_offline_into_a_fresh_venv(tmp_path: Path) -> None:
                           "import llmgw.cli, llmgw.simengine.server; print('ok')"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+    # The check itself imports there: nothing of the test tier (openai, pytest, h11) is needed.
+    check = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            f"import sys; sys.path[:0] = [{str(REPO / 'bench')!r}, {str(REPO / 'tests')!r}]; "
+                            "import gpu_check, gpu_check_live, gpu_check_probes, gpu_check_vllm; print('ok')"],
+                           capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert check.stdout.strip() == "ok", check.stderr[-2000:]
