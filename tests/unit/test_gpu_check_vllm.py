@@ -151,3 +151,106 @@ def test_holds_its_budget_serves_sleeps_and_gives_memory_back_when_killed(tmp_pa
         p.kill()
         p.wait(timeout=10)
     assert held() == {}  # a dead holder holds nothing: the fake NVML drops it
+
+
+# -- torch mode, against a fake torch ------------------------------------------------------
+
+FAKE_TORCH = '''
+"""A fake torch for the stand-in's torch path: one 80 GiB device whose free memory and
+UUID come from FAKE_TORCH_FREE_GIB and FAKE_TORCH_UUID; what is held is logged."""
+import json, os
+from types import SimpleNamespace
+
+uint8 = "uint8"
+_held = []
+
+
+def _log(event, n=0):
+    with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
+        f.write(json.dumps([event, n]) + "\\n")
+
+
+class _Cuda:
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return len(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(","))
+
+    def get_device_properties(self, i):
+        return SimpleNamespace(uuid=os.environ["FAKE_TORCH_UUID"])  # torch prints no "GPU-"
+
+    def set_device(self, i):
+        _log("set_device", i)
+
+    def mem_get_info(self, i):
+        return int(float(os.environ["FAKE_TORCH_FREE_GIB"]) * 2**30), 80 * 2**30
+
+    def synchronize(self, i=None):
+        pass
+
+    def empty_cache(self):
+        _log("empty_cache")
+
+
+cuda = _Cuda()
+
+
+def zeros(n, device=None):
+    _log("context")
+
+
+def empty(n, dtype=None, device=None):
+    _log("empty", n)
+    return SimpleNamespace(numel=lambda: n)
+'''
+
+
+def _fake_torch(tmp: Path) -> Path:
+    (tmp / "torch").mkdir(parents=True)
+    (tmp / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    return tmp
+
+
+def _events(log: Path) -> list[list[Any]]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_torch_mode_compares_torchs_uuid_and_holds_the_budget(tmp_path: Path) -> None:
+    root = _fake_torch(tmp_path / "site")
+    log = tmp_path / "torch.log"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "FAKE_TORCH_LOG": str(log),
+           "FAKE_TORCH_UUID": "5b7f0c2e-aaaa-bbbb-cccc-000000000001", "CUDA_VISIBLE_DEVICES": "0"}
+    argv = [sys.executable, str(STANDIN), "serve", "m", "--gpu-memory-utilization", "0.3"]
+
+    def run(**more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*argv, "--port", str(free_port())], env={**env, **more},
+                              capture_output=True, text=True, timeout=30)
+
+    wrong = run(FAKE_TORCH_FREE_GIB="79", LLMGW_GPU_UUIDS="GPU-5b7f0c2e-aaaa-bbbb-cccc-000000000002")
+    assert wrong.returncode == 1 and "LLMGW_GPU_UUIDS says" in wrong.stderr
+    short = run(FAKE_TORCH_FREE_GIB="20", LLMGW_GPU_UUIDS="GPU-5b7f0c2e-aaaa-bbbb-cccc-000000000001")
+    assert short.returncode == 1 and "(20.0/80.0 GiB) on startup is less than desired" in short.stderr
+    assert [e for e in _events(log) if e[0] == "empty"] == []  # refused before holding anything
+
+    log.unlink()
+    port = free_port()
+    p = subprocess.Popen([*argv, "--port", str(port), "--enable-sleep-mode"],
+                         env={**env, "FAKE_TORCH_FREE_GIB": "79", "VLLM_SERVER_DEV_MODE": "1",
+                              "LLMGW_GPU_UUIDS": "GPU-5b7f0c2e-aaaa-bbbb-cccc-000000000001"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        _post(f"http://127.0.0.1:{port}/sleep?level=1")
+        _post(f"http://127.0.0.1:{port}/wake_up")
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    budget = 24 * GIB  # ceil(80 GiB x 0.3); NVML (absent here) would have counted the context
+    assert [e for e in _events(log) if e[0] in ("context", "empty", "empty_cache")] == [
+        ["context", 0], ["empty", budget], ["empty_cache", 0], ["empty", budget]]
