@@ -13,10 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from fakes.live import LLMGW, Cluster, run_cli, wait_for
 from fakes.nvidia_smi import pcie_box
+from llmgw.errors import RequestFailedError
+from llmgw.model.deployment import Deployment
+from llmgw.model.engine import EngineKind
 from llmgw.transport import keys
+from llmgw.transport.client import request
+from llmgw.transport.requests import ApplyOp
 
 pytestmark = pytest.mark.slow
 
@@ -162,3 +168,19 @@ def test_server_whose_port_is_taken(cluster: Cluster) -> None:
         r = run_cli("server", "--config", str(cluster.server_toml), timeout=20)
     assert r.returncode == 2, r.stderr
     assert f"cannot bind {cluster.address}" in _one_line(r)
+
+
+def test_apply_refuses_runtime_lora_with_several_vllm_api_servers(cluster: Cluster, tmp_path: Path) -> None:
+    """vLLM exits at start when runtime LoRA updating meets api_server_count > 1: ctl says so
+    before sending (exit 2), and the server refuses the same deployment sent by any client."""
+    cluster.start_server()
+    dep = tmp_path / "lora.yaml"
+    dep.write_text("name: lora\nmodel: /models/llama\nengine: vllm\ngpus_per_node: 1\nreplicas: 1\n"
+                   "max_loras: 2\nargs: [--data-parallel-size, '2']\n")
+    r = cluster.ctl("apply", "-f", str(dep))
+    assert r.returncode == 2 and "2 API server processes" in _one_line(r) and str(dep) in r.stderr
+    op = ApplyOp(Deployment(name="lora", model="/models/llama", engine=EngineKind.VLLM, gpus_per_node=1,
+                            replicas=1, max_loras=2, args=("--api-server-count", "2")))
+    with pytest.raises(RequestFailedError, match="2 API server processes"):
+        trio.run(request, cluster.address, cluster.admin_key, cluster.server_key, op, 10.0)
+    assert "lora" not in cluster.ctl("get", "deployments").stdout

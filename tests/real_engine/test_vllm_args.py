@@ -254,3 +254,35 @@ def test_vllm_takes_its_internal_ports_from_the_engine_block(vllm_venv: Path) ->
     # vLLM starts at VLLM_PORT and walks up to the next free port: inside the block.
     assert free["open_port"] == base and set(free["open_ports"]) <= set(block)
     assert busy["open_port"] == base + 2 and set(busy["open_ports"]) <= set(block)
+
+
+def _check(venv: Path, mode: str, argvs: list[list[str]]) -> list:
+    r = subprocess.run([str(venv / "bin" / "python"), str(HERE / "vllm_args_check.py"), mode],
+                       input=json.dumps(argvs), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def test_every_mp_rank_builds_the_same_lora_config(vllm_venv: Path) -> None:
+    """A headless rank's workers take their lora_config from its own argv (run_headless):
+    rank 0's and the headless rank's LoRA engine arguments, as vLLM parses them, are equal."""
+    three = (Adapter("a", "/models/a"), Adapter("b", "/models/b"), Adapter("c", "/models/c"))
+    argvs = []
+    for rank in (0, 1):
+        s = attrs.evolve(_spec(rank), adapters=three, max_loras=2, max_lora_rank=32)
+        argvs.append(list(build_plan(s, _config("mp"), "/var/lib/llmgw-agent",
+                                     gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1}).main.argv[1:]))
+    head, member = _check(vllm_venv, "lora", argvs)
+    assert "--headless" in argvs[1] and "--headless" not in argvs[0]
+    assert (head["enable_lora"], head["max_loras"], head["max_lora_rank"], head["max_cpu_loras"]) == (True, 2, 32, 3)
+    assert head == member
+
+
+def test_llmgws_api_server_count_is_vllms(vllm_venv: Path) -> None:
+    """config/vllm_serve.py's count, which refuses runtime LoRA at apply, against the count
+    vLLM's own ServeSubcommand.cmd settles on, for the unit tests' table of args."""
+    from llmgw.config.vllm_serve import api_server_count
+    from unit.test_vllm_serve import CASES
+
+    argvs = [["serve", "/models/llama", *args] for args, _ in CASES]
+    assert _check(vllm_venv, "api_servers", argvs) == [api_server_count(a) for a, _ in CASES]

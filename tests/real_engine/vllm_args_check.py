@@ -160,5 +160,51 @@ def ports() -> None:
     json.dump(out, sys.stdout)
 
 
+def _serve_parser():  # type: ignore[no-untyped-def]
+    import vllm.entrypoints.cli.serve as serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    cmd = serve.ServeSubcommand()
+    cmd.subparser_init(parser.add_subparsers(required=False, dest="subparser"))
+    return parser, cmd
+
+
+def api_servers() -> None:
+    """Per argv (as in main), the API server count vLLM's own ServeSubcommand.cmd settles
+    on: cmd runs as it is, with the launchers it would call replaced by recorders."""
+    import vllm.entrypoints.cli.serve as serve
+
+    seen: list[int] = []
+    serve.run_headless = lambda args: seen.append(0)
+    serve.run_multi_api_server = lambda args: seen.append(args.api_server_count)
+    serve.run_dp_supervisor = lambda args: seen.append(1)  # one API server per local rank, each alone
+    serve.run_server = lambda args: seen.append(1)  # cmd set api_server_count to None: this process
+    serve.uvloop.run = lambda coro: None
+    out = []
+    for argv in json.load(sys.stdin):
+        parser, cmd = _serve_parser()
+        seen.clear()
+        args = parser.parse_args(argv)
+        cmd.validate(args)
+        cmd.cmd(args)
+        out.append(seen[-1])
+    json.dump(out, sys.stdout)
+
+
+def lora() -> None:
+    """Per argv, every LoRA field of the engine arguments vLLM builds from it: what its
+    workers' lora_config is made of (engine/arg_utils.py create_engine_config)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    out = []
+    for argv in json.load(sys.stdin):
+        parser, _ = _serve_parser()
+        engine_args = AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
+        out.append({k: getattr(engine_args, k) for k in sorted(vars(engine_args)) if "lora" in k})
+    json.dump(out, sys.stdout, default=str)
+
+
 if __name__ == "__main__":
-    {"devices": devices, "ports": ports}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    modes = {"devices": devices, "ports": ports, "api_servers": api_servers, "lora": lora}
+    modes.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -57,12 +57,22 @@ def test_the_deployments_own_env_wins_over_runtime_updating() -> None:
     assert plan.main.env[RUNTIME_LORA_ENV] == "0"
 
 
-def test_headless_members_and_the_ray_head_get_lora_where_they_serve() -> None:
-    head = build_plan(_lora(EngineKind.VLLM, rank=0), config("mp"), WORK, gpu_indices=IDX)
-    member = build_plan(_lora(EngineKind.VLLM, rank=1), config("mp"), WORK, gpu_indices=IDX)
-    ray = build_plan(_lora(EngineKind.VLLM, rank=0), config("ray"), WORK, gpu_indices=IDX)
-    assert "--enable-lora" in head.main.argv and "--enable-lora" in ray.main.argv
-    assert "--enable-lora" not in member.main.argv  # headless: no API server, no adapters
+def _lora_part(argv: tuple[str, ...]) -> tuple[str, ...]:
+    i = argv.index("--enable-lora")
+    return argv[i:i + 7]
+
+
+def test_every_mp_rank_and_the_ray_head_get_the_same_lora_flags() -> None:
+    """A headless rank builds its workers from its own argv (vLLM's run_headless): without
+    the flags there, its workers have no lora_config and fail the first LoRA batch."""
+    three = attrs.evolve(_lora(EngineKind.VLLM, rank=0), adapters=(*ADAPTERS, Adapter("c", "/models/c")))
+    head = build_plan(three, config("mp"), WORK, gpu_indices=IDX)
+    member = build_plan(attrs.evolve(three, gang=attrs.evolve(three.gang, rank=1)), config("mp"), WORK,
+                        gpu_indices=IDX)
+    ray = build_plan(three, config("ray"), WORK, gpu_indices=IDX)
+    want = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "32", "--max-cpu-loras", "3")
+    assert _lora_part(head.main.argv) == _lora_part(member.main.argv) == _lora_part(ray.main.argv) == want
+    assert "--headless" in member.main.argv and "--host" not in member.main.argv  # still no API
 
 
 def test_sglang_is_given_its_adapters_at_start() -> None:

@@ -36,6 +36,7 @@ PURE = [
     "llmgw.agent.engines.keys",
     "llmgw.agent.engines",
     "llmgw.agent.engines.env",
+    "llmgw.config.vllm_serve",
     "llmgw.agent.discovery.nvidia_smi",
     "llmgw.agent.discovery.mountinfo",
     "llmgw.agent.discovery.procnet",

@@ -16,6 +16,7 @@ import yaml
 
 from llmgw.config.autoscale import parse_autoscale
 from llmgw.config.duration import duration_from_value
+from llmgw.config.vllm_serve import apply_refusal
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import LORA_RANKS, Adapter, EngineKind
@@ -48,7 +49,7 @@ MAX_PRIORITY = 1_000_000
 
 
 def load_deployment(path: str) -> Deployment:
-    """Read and validate one deployment file."""
+    """Read and validate one deployment file, as one about to be applied."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -58,7 +59,11 @@ def load_deployment(path: str) -> Deployment:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise DeploymentError(path, "", f"not valid YAML: {exc}") from None
-    return parse_deployment(data, path)
+    d = parse_deployment(data, path)
+    refusal = apply_refusal(d)
+    if refusal:
+        raise DeploymentError(path, "args", refusal)
+    return d
 
 
 def parse_deployment(data: Any, source: str) -> Deployment:

@@ -17,6 +17,7 @@ import trio
 from attrs import evolve
 
 from llmgw.config.deployment import MAX_REPLICAS
+from llmgw.config.vllm_serve import apply_refusal
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
 from llmgw.model.node import NodeState
@@ -92,7 +93,7 @@ class Ops:
             d = evolve(d, replicas=min(max(old.replicas, a.min), a.max), asleep=old.asleep and d.sleep_mode)
         if old == d:
             return {"deployment": d.name, "changed": False}
-        clash = adapters.name_conflict(d, self.o.deployments)
+        clash = adapters.name_conflict(d, self.o.deployments) or apply_refusal(d)
         if clash:
             raise RequestError(f"deployment {d.name!r}: {clash}")
         await trio.to_thread.run_sync(self.o.store.put_deployment, d, now)

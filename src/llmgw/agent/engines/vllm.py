@@ -18,13 +18,14 @@ from attrs import evolve
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.agent.engines.ray import RAY_DRAIN_ENV, ray_address, ray_start_argv, ray_status_argv, ray_temp_dir
 from llmgw.config.agent import AgentConfig
+from llmgw.config.vllm_serve import RUNTIME_LORA_ENV
 from llmgw.errors import ConfigError, EngineError
 from llmgw.model.engine import EngineSpec, GangSpec
 
 LAUNCH_MODES = ("ray", "mp")
 # vLLM (0.32 envs.py) mounts /v1/load_lora_adapter and /v1/unload_lora_adapter only with
-# this set ("1" or "true", any case; entrypoints/serve/lora/api_router.py).
-RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# RUNTIME_LORA_ENV set ("1" or "true", any case; entrypoints/serve/lora/api_router.py),
+# and refuses it with more than one API server (config/vllm_serve.py, checked at apply).
 # vLLM (0.32 envs.py: bool(int(value))) mounts /sleep, /wake_up and /is_sleeping only
 # with this set (entrypoints/launchers/api_server/routers.py -> serve/dev/sleep).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
@@ -60,7 +61,6 @@ def _serving(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--host", config.mgmt_addr,
         "--port", str(spec.port),
         "--served-model-name", spec.served_name,
-        *lora_flags(spec),
     )  # fmt: skip
 
 
@@ -68,6 +68,7 @@ def single_node_argv(engine: tuple[str, ...], spec: EngineSpec, config: AgentCon
     return (
         *engine, "serve", spec.model,
         *_serving(spec, config),
+        *lora_flags(spec),
         "--tensor-parallel-size", str(spec.tensor_parallel),
         *spec.args,
     )  # fmt: skip
@@ -77,9 +78,13 @@ def mp_argv(
     engine: tuple[str, ...], spec: EngineSpec, gang: GangSpec, config: AgentConfig
 ) -> tuple[str, ...]:
     head = gang.rank == 0
+    # LoRA on every rank: a headless rank builds its workers from its own argv (vLLM's
+    # run_headless: AsyncEngineArgs.from_cli_args), and a worker without lora_config
+    # fails the first LoRA batch or adapter load ("LoRA is not enabled").
     return (
         *engine, "serve", spec.model,
         *(_serving(spec, config) if head else ()),
+        *lora_flags(spec),
         "--tensor-parallel-size", str(spec.tensor_parallel),
         "--pipeline-parallel-size", str(gang.nnodes),
         "--distributed-executor-backend", "mp",
@@ -98,6 +103,7 @@ def ray_serve_argv(
     return (
         *engine, "serve", spec.model,
         *_serving(spec, config),
+        *lora_flags(spec),
         "--tensor-parallel-size", str(spec.tensor_parallel),
         "--pipeline-parallel-size", str(gang.nnodes),
         "--distributed-executor-backend", "ray",
