@@ -45,11 +45,13 @@ def post(port: int, body: dict[str, Any], secret: str = "", *, timeout: float = 
         conn.close()
 
 
-def http_json(url: str, body: Any = None, *, timeout: float = 10) -> tuple[int, Any]:
+def http_json(url: str, body: Any = None, *, timeout: float = 10,
+              headers: dict[str, str] | None = None) -> tuple[int, Any]:
     """GET `url` (POST `body` as JSON when given): the status and the JSON it answered,
     for error statuses too."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())

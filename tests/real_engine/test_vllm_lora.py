@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from fakes.adapters import write_adapter
+from fakes.engine_keys import auth, engine_key
 from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import READY_TIMEOUT, engine_log, leaders, node_copy, tiny_yaml, vllm_agent
@@ -94,7 +95,8 @@ def test_vllm_serves_adapters_by_name_through_the_router(
     cards = {c["id"]: c for c in doc["data"]}
     assert cards["tiny-chat"]["parent"] == "org/tiny" and cards["tiny-sql"]["parent"] == "org/tiny"
     # vLLM's own list says the same: the adapters with their paths, under the base.
-    engine = _http(f"http://127.0.0.1:{_engine_port(leader)}/v1/models")[1]
+    port = _engine_port(leader)
+    engine = http_json(f"http://127.0.0.1:{port}/v1/models", headers=auth(engine_key(port)))[1]
     roots = {c["id"]: (c.get("parent"), c.get("root")) for c in engine["data"]}
     assert roots["tiny-chat"] == ("org/tiny", str(chat)) and roots["tiny-sql"][1] == str(sql)
 
