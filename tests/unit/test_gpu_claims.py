@@ -51,16 +51,19 @@ def test_held_by_a_foreign_process() -> None:
 def test_short_of_memory_with_no_process_listed() -> None:
     g = evolve(gpu("GPU-a", 3), free=20 * GIB)
     assert check_gpus(spec("GPU-a"), {"GPU-a": g}, {}) == (
-        "GPU 3 has 20 GiB free, the engine needs 72 GiB")
+        "GPU 3 has 20 GiB free, the engine needs 73 GiB")  # 0.9 x 80 GiB + its CUDA context
 
 
 def test_the_engines_own_fraction_and_the_deployments_floor() -> None:
-    g = evolve(gpu("GPU-a", 3), free=40 * GIB)
+    g = evolve(gpu("GPU-a", 3), free=41 * GIB)  # 0.5 x 80 GiB and the 1 GiB CUDA context
     assert check_gpus(spec("GPU-a", args=("--gpu-memory-utilization", "0.5")),
                       {"GPU-a": g}, {}) == {"GPU-a": 3}
+    assert check_gpus(spec("GPU-a", args=("--gpu-memory-utilization", "0.5")),
+                      {"GPU-a": evolve(g, free=40 * GIB)}, {}) == (
+        "GPU 3 has 40 GiB free, the engine needs 41 GiB")
     floor = {"gpu_memory_min": 50 * GIB}
     assert check_gpus(spec("GPU-a", args=("--gpu-memory-utilization", "0.5"), origin=floor),
-                      {"GPU-a": g}, {}) == "GPU 3 has 40 GiB free, the engine needs 50 GiB"
+                      {"GPU-a": g}, {}) == "GPU 3 has 41 GiB free, the engine needs 50 GiB"
     # the simulated engine takes no memory
     assert check_gpus(spec("GPU-a", engine=EngineKind.SIMULATED), {"GPU-a": evolve(g, free=0)},
                       {}) == {"GPU-a": 3}

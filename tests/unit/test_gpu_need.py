@@ -6,14 +6,25 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.model.engine import EngineKind
-from llmgw.model.gpu_need import DEFAULT_FRACTION, memory_fraction, memory_need
+from llmgw.model.gpu_need import CONTEXT_RESERVE, DEFAULT_FRACTION, memory_fraction, memory_need
 
 H100 = 81559  # MiB, as NVML reports an H100 80GB
 
 
 def test_vllm_default_is_its_own_default_fraction() -> None:
     assert memory_fraction(EngineKind.VLLM, ()) == DEFAULT_FRACTION == 0.9
-    assert memory_need(EngineKind.VLLM, (), H100) == int(0.9 * H100)
+    assert memory_need(EngineKind.VLLM, (), H100) == int(0.9 * H100) + CONTEXT_RESERVE
+
+
+def test_the_need_counts_the_engines_own_cuda_context() -> None:
+    """vLLM compares utilization x total with what is free once its CUDA context (and
+    NCCL) is up: a GPU with exactly 0.9 x total free before the spawn fails its check."""
+    assert CONTEXT_RESERVE == 1024
+    for kind in (EngineKind.VLLM, EngineKind.SGLANG):
+        assert memory_need(kind, (), H100) > int(0.9 * H100)
+        assert memory_need(kind, (), H100) - int(0.9 * H100) == CONTEXT_RESERVE
+    # At utilization 1.0 no GPU has room for the context too: never placeable.
+    assert memory_need(EngineKind.VLLM, ("--gpu-memory-utilization", "1.0"), H100) > H100
 
 
 def test_vllm_flag_both_forms_and_the_last_one_wins() -> None:
@@ -37,7 +48,7 @@ def test_simulated_engine_needs_no_memory_but_the_floor() -> None:
 
 def test_gpu_memory_min_is_a_floor() -> None:
     assert memory_need(EngineKind.VLLM, ("--gpu-memory-utilization", "0.1"), H100, 40000) == 40000
-    assert memory_need(EngineKind.VLLM, (), H100, 1000) == int(0.9 * H100)
+    assert memory_need(EngineKind.VLLM, (), H100, 1000) == int(0.9 * H100) + CONTEXT_RESERVE
 
 
 def test_unreadable_or_out_of_range_values_ask_for_the_default() -> None:
@@ -51,4 +62,4 @@ def test_unreadable_or_out_of_range_values_ask_for_the_default() -> None:
 def test_any_args_give_a_need_between_the_floor_and_the_total(args: list[str], total: int, floor: int) -> None:
     for kind in EngineKind:
         need = memory_need(kind, tuple(args), total, floor)
-        assert floor <= need <= max(floor, total)
+        assert floor <= need <= max(floor, total + CONTEXT_RESERVE)

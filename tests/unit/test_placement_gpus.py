@@ -39,11 +39,12 @@ def indexes(p: Placement | Unschedulable, v: NodeView) -> list[int]:
 
 
 def test_a_gpu_with_10_gib_free_is_no_place_for_vllm_at_0_9() -> None:
-    # The headline: 0.9 x 80 GiB must be free; another process leaves 10 GiB.
+    # The headline: 0.9 x 80 GiB and the engine's CUDA context (1 GiB) must be free;
+    # another process leaves 10 GiB.
     v = with_gpus(node("a", 1), **{"0": {"memory_free": 10 * GIB}})
     r = place(dep(1), cluster(v))
     assert isinstance(r, Unschedulable)
-    assert r.reason.startswith("0/1 nodes fit: 1 lacked 1 free GPU with 72 GiB free. a: ")
+    assert r.reason.startswith("0/1 nodes fit: 1 lacked 1 free GPU with 73 GiB free. a: ")
     # Another node with its memory free takes it.
     assert ok_node(place(dep(1), cluster(v, node("b", 1)))) == "b"
 
@@ -59,8 +60,11 @@ def test_the_engines_own_fraction_and_gpu_memory_min_decide_the_need() -> None:
     assert isinstance(place(dep(1, args=("--gpu-memory-utilization", "0.1")), c), Placement)
     assert isinstance(place(dep(1, args=("--gpu-memory-utilization=0.1",), gpu_memory_min=12 * GIB), c),
                       Unschedulable)
-    assert isinstance(place(dep(1, engine=EngineKind.SGLANG, args=("--mem-fraction-static", "0.12")), c),
+    # 0.11 x 80 GiB and the 1 GiB context fit in 10 GiB; 0.12 x 80 GiB and the context do not.
+    assert isinstance(place(dep(1, engine=EngineKind.SGLANG, args=("--mem-fraction-static", "0.11")), c),
                       Placement)
+    assert isinstance(place(dep(1, engine=EngineKind.SGLANG, args=("--mem-fraction-static", "0.12")), c),
+                      Unschedulable)
     assert isinstance(place(dep(1, engine=EngineKind.SGLANG), c), Unschedulable)
     # The simulated engine takes no share: only gpu_memory_min counts.
     assert isinstance(place(dep(1, engine=EngineKind.SIMULATED), c), Placement)
@@ -105,11 +109,11 @@ def test_explain_names_every_cause_on_the_node() -> None:
     r = place(dep(4), cluster(v, node("n9", 8, cordoned=True)))
     assert isinstance(r, Unschedulable)
     assert r.reason == (
-        "0/2 nodes fit: 1 cordoned, 1 lacked 4 free GPUs with 72 GiB free. node-3: GPU 2 "
+        "0/2 nodes fit: 1 cordoned, 1 lacked 4 free GPUs with 73 GiB free. node-3: GPU 2 "
         "unhealthy (row remap pending); GPUs 0-1 held by other processes (pid 4242 python "
         "train.py 61 GiB); GPU 4 releasing (d-7 stopped; 20 GiB not back); 3 GPUs with >= "
-        "72 GiB free, 4 needed")
-    assert r.counts == {"cordoned": 1, "lacked 4 free GPUs with 72 GiB free": 1}
+        "73 GiB free, 4 needed")
+    assert r.counts == {"cordoned": 1, "lacked 4 free GPUs with 73 GiB free": 1}
 
 
 def test_a_node_full_of_our_own_replicas_reads_as_before() -> None:

@@ -5,6 +5,14 @@ vLLM refuses to start when a GPU's free memory is below `--gpu-memory-utilizatio
 total (its default 0.9; vllm#20305, #25837); SGLang sizes its pools from
 `--mem-fraction-static` of the total in the same way. A deployment's `gpu_memory_min`
 (MiB) raises the floor. Pure: engine args and figures in, MiB out.
+
+vLLM takes that reading after its own CUDA context and, with tensor parallelism, NCCL's
+buffers exist (vllm/v1/worker/gpu_worker.py `init_device`: "Initialize the distributed
+environment BEFORE taking memory snapshot", then `request_memory` in
+vllm/v1/worker/utils.py compares `init_snapshot.free_memory` with utilization x total).
+What NVML shows free before the spawn must therefore cover the fraction AND the engine's
+own context: CONTEXT_RESERVE. SGLang also measures its free memory after its context is
+up (its pools are sized from what is left); the same reserve is kept for it.
 """
 
 from __future__ import annotations
@@ -12,6 +20,12 @@ from __future__ import annotations
 from llmgw.model.engine import EngineKind
 
 DEFAULT_FRACTION = 0.9
+
+# MiB an engine's own CUDA context (with cuBLAS and NCCL workspaces) takes on each GPU
+# before vLLM's free-memory check: about 0.5 GiB for the context with CUDA 12's lazy
+# module loading, and NCCL's buffers on top for tensor parallelism; 1 GiB covers both on
+# the GPUs llmgw targets. bench/gpu_check.py measures it where a GPU is at hand.
+CONTEXT_RESERVE = 1024
 
 # The flag each engine sizes its share of a GPU with.
 FRACTION_FLAG = {
@@ -42,5 +56,10 @@ def memory_fraction(engine: EngineKind, args: tuple[str, ...]) -> float:
 
 
 def memory_need(engine: EngineKind, args: tuple[str, ...], total: int, gpu_memory_min: int = 0) -> int:
-    """MiB that must be free on a GPU of `total` MiB for the engine to start there."""
-    return max(gpu_memory_min, int(memory_fraction(engine, args) * total))
+    """MiB that must be free on a GPU of `total` MiB for the engine to start there: its
+    share and its own CUDA context (CONTEXT_RESERVE), or the floor where that is higher.
+    Above `total` the engine cannot start on such a GPU at all (vLLM at utilization 1.0)."""
+    fraction = memory_fraction(engine, args)
+    if fraction == 0.0:  # the simulated engine takes no GPU memory, context included
+        return gpu_memory_min
+    return max(gpu_memory_min, int(fraction * total) + CONTEXT_RESERVE)
