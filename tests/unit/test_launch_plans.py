@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.agent.engines import LaunchPlan, build_plan, count_ray_nodes, env_overrides, health_checked
+from llmgw.agent.engines.env import VLLM_PORT_DP_SAFE, release
 from llmgw.agent.engines.ray import RAY_MAX_GPUS, without_client_server_port
 from llmgw.agent.engines.weights import weights_for
 from llmgw.agent.spawn import default_plan
@@ -24,7 +25,7 @@ from llmgw.config.agent import (
 from llmgw.errors import ConfigError, EngineError
 from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
-from llmgw.model.inventory import ModelCopy, StorageReport
+from llmgw.model.inventory import EngineAvailability, Inventory, ModelCopy, StorageReport
 
 GPUS = ("GPU-aaaa", "GPU-bbbb")
 # NVML numbers the node's GPUs in PCI bus order, which is not the UUIDs' order.
@@ -516,6 +517,45 @@ def test_vllm_port_from_the_engine_block() -> None:
     # A spec from a server before the block: vLLM picks its own, as it did then.
     for name, plan in _every_plan().items():
         assert all("VLLM_PORT" not in p.env for p in plan.processes), name
+
+
+def test_no_vllm_port_for_data_parallelism_on_a_vllm_that_hangs_with_it() -> None:
+    """vLLM before 0.28 could hang at start with VLLM_PORT and --data-parallel-size > 1
+    (vllm#36191, #50024): there the engine picks its own ports; an unknown version counts
+    as one of those. Without data parallelism, or from 0.28 on, the block's port stays."""
+    def port(args: tuple[str, ...], version: str) -> str | None:
+        plan = build_plan(spec(port_base=20100, args=args), config(), WORK, gpu_indices=IDX,
+                          engine_version=version)
+        return plan.main.env.get("VLLM_PORT")
+
+    for dp in (("--data-parallel-size", "2"), ("-dp", "4"), ("--data-parallel-size=2",),
+               ("--data_parallel_size", "2")):
+        assert port(dp, "0.26.0") is None, dp
+        assert port(dp, "0.27.1") is None, dp
+        assert port(dp, "") is None, dp  # the agent could not read the version
+        assert port(dp, "0.28.0") == "20100", dp
+        assert port(dp, "0.32.0+cpu") == "20100", dp
+    for single in ((), ("--data-parallel-size", "1"), ("--tensor-parallel-size", "2")):
+        assert port(single, "0.26.0") == "20100", single
+        assert port(single, "") == "20100", single
+
+
+def test_the_agent_plans_with_the_vllm_version_its_engine_check_read() -> None:
+    def plan(version: str) -> LaunchPlan:
+        inv = Inventory(engines=(EngineAvailability("sglang", True, version="0.5.0"),
+                                 EngineAvailability("vllm", True, version=version)))
+        make = default_plan(config(), "/usr/bin/python3", inventory=lambda: inv)
+        return make(spec(port_base=20100, args=("-dp", "2")), IDX)
+
+    assert "VLLM_PORT" not in plan("0.26.0").main.env
+    assert plan("0.32.0").main.env["VLLM_PORT"] == "20100"
+
+
+def test_engine_versions_as_numbers() -> None:
+    assert release("0.32.0+cpu") == (0, 32, 0)
+    assert release("0.28.0rc1") == (0, 28, 0)
+    assert release("0.9.2") == (0, 9, 2) and release("0.9.2") < VLLM_PORT_DP_SAFE
+    assert release("") == () and release("dev") == ()
 
 
 def test_vllm_port_deployment_wins_and_is_reported() -> None:

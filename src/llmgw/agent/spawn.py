@@ -47,14 +47,17 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
     def plan(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> LaunchPlan:
         weights = weights_for(spec, config, storage()) if storage is not None else None
         nics: tuple[GpuHca, ...] = ()
-        if inventory is not None and spec.gang is not None and spec.gang.hcas:
+        version = ""
+        if inventory is not None:
             inv = inventory()
-            nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
+            version = next((e.version for e in inv.engines if e.kind == spec.engine.value), "")
+            if spec.gang is not None and spec.gang.hcas:
+                nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
         probe = probe_command(spec, config, python) if settings_of(spec) else ("", "")
         # Every engine the agent starts requires its own API key (issue 30), given at spawn.
         return with_key(build_plan(spec, config, config.supervisor.work_dir, python=python,
                                    gpu_indices=gpu_indices, weights=weights, nics=nics,
-                                   probe=probe), spec)
+                                   probe=probe, engine_version=version), spec)
 
     return plan
 

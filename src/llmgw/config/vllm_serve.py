@@ -100,6 +100,11 @@ def api_server_count(args: Sequence[str]) -> int:
     return count
 
 
+def data_parallel_size(args: Sequence[str]) -> int:
+    """`--data-parallel-size` as vLLM's parser leaves it (1 when unset or unreadable)."""
+    return _int(_read(args)[0].get("dp")) or 1
+
+
 def runtime_lora_on(env: Mapping[str, str], lora_slots: int) -> bool:
     """Whether the engine runs with runtime LoRA updating: the agent sets it wherever LoRA
     is enabled, unless the deployment's own env says otherwise."""

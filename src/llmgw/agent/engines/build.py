@@ -70,6 +70,7 @@ def build_plan(
     weights: Weights | None = None,
     nics: tuple[GpuHca, ...] = (),
     probe: tuple[str, str] = ("", ""),
+    engine_version: str = "",
 ) -> LaunchPlan:
     """The processes to start for `spec` on this node.
 
@@ -91,11 +92,14 @@ def build_plan(
     `probe` (python, script): how the pre-flight a gang asks for is run (preflight.py),
     with the engine's own environment; ("", ""): none is run; ("", script): the engine's
     Python was not found (a required pre-flight is refused: EngineError).
+
+    `engine_version`: the engine's version as this node's engine check read it ("" when
+    unknown), for what differs between versions (env.vllm_port_hangs).
     """
     _check(spec)
     indices = gpu_index_list(spec, gpu_indices)
     cwd = engine_dir(work_dir, spec)
-    defaults = default_env(spec, config, indices, nics)
+    defaults = default_env(spec, config, indices, nics, engine_version)
     download_dir = ""
     if weights is not None:
         defaults.update(weights.env)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmgw.config.agent import AgentConfig
+from llmgw.config.vllm_serve import data_parallel_size
 from llmgw.errors import EngineError
 from llmgw.model.affinity import GpuHca
 from llmgw.model.engine import EngineKind, EngineSpec
@@ -13,6 +14,40 @@ from llmgw.model.engine import EngineKind, EngineSpec
 # environment or log (nothing in llmgw parses it back): the indices alone do not say which
 # physical GPU was meant once the node's numbering changes.
 GPU_UUIDS_ENV = "LLMGW_GPU_UUIDS"
+
+# The first vLLM whose port search terminates with VLLM_PORT set and data parallelism on.
+# Before it, `vllm serve --data-parallel-size N` with VLLM_PORT could hang at start with
+# no output: get_open_ports_list looped forever once VLLM_PORT was taken (vllm#36191),
+# and get_open_port spun on a VLLM_PORT inside the DP master's reserved window of ten
+# ports (vllm#50024, reproduced on 0.26.0; fixed by #50965, first released in 0.28.0).
+# 0.32's network_utils.py (the real-engine tier's) rescans past the window.
+VLLM_PORT_DP_SAFE = (0, 28)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: "0.32.0+cpu" -> (0, 32, 0); "" -> ()."""
+    out: list[int] = []
+    for part in version.split("+", 1)[0].split("."):
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        out.append(int(digits))
+        if len(digits) != len(part):  # "0rc1": the number, then stop
+            break
+    return tuple(out)
+
+
+def vllm_port_hangs(args: tuple[str, ...], version: str) -> bool:
+    """Whether VLLM_PORT would hang this vLLM's start: data parallelism asked for on a
+    version before VLLM_PORT_DP_SAFE, or on a version the agent could not read."""
+    if data_parallel_size(args) <= 1:
+        return False
+    found = release(version)
+    return not found or found < VLLM_PORT_DP_SAFE
 
 
 def gpu_index_list(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> tuple[int, ...]:
@@ -40,12 +75,13 @@ def gpu_index_list(spec: EngineSpec, gpu_indices: Mapping[str, int]) -> tuple[in
 
 
 def default_env(spec: EngineSpec, config: AgentConfig, indices: tuple[int, ...],
-                nics: tuple[GpuHca, ...] = ()) -> dict[str, str]:
+                nics: tuple[GpuHca, ...] = (), engine_version: str = "") -> dict[str, str]:
     """The variables llmgw sets for an engine, before the deployment's own env.
 
     `indices` are the spec's GPUs as NVML indices (gpu_index_list). `nics`: each placed
     GPU's nearest HCA of the gang's fabric (llmgw.model.affinity.for_member); () where
-    the node could not tell, and no GPU -> NIC map is set.
+    the node could not tell, and no GPU -> NIC map is set. `engine_version`: the engine's
+    version as the agent's engine check read it ("" unknown).
     """
     env = {
         # Number GPUs by PCI bus id, as nvidia-smi and NVML do, never "fastest first": with
@@ -70,7 +106,8 @@ def default_env(spec: EngineSpec, config: AgentConfig, indices: tuple[int, ...],
         # each name of the comma list torch splits it into), so no "=" there.
         env["NCCL_SOCKET_IFNAME"] = "=" + config.mgmt_interface
         env["GLOO_SOCKET_IFNAME"] = config.mgmt_interface
-    if spec.engine is EngineKind.VLLM and spec.port_base:
+    if spec.engine is EngineKind.VLLM and spec.port_base and not vllm_port_hangs(
+            spec.args, engine_version):
         # vLLM's get_open_port() starts here and walks up to the next free port: from this
         # engine's own reserved block rather than from a random one that an engine starting
         # beside it may take first (vllm#43206, #39015). Ray's workers on this node inherit it.
