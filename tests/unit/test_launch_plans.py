@@ -390,6 +390,20 @@ def test_count_ray_nodes_real_output() -> None:
     assert count_ray_nodes(one) == 1
 
 
+# A worker that has joined but runs nothing yet: Ray's autoscaler lists it under "Idle:".
+RAY_STATUS_IDLE = RAY_STATUS_2_60.replace(
+    "Active:\n 1 node_06ad0cf8a6142ce7861fc46783ef11dbc4850436b197033f16a45690\n",
+    "Active:\n 1 node_06ad0cf8a6142ce7861fc46783ef11dbc4850436b197033f16a45690\nIdle:\n",
+).replace("Pending:\n (no pending nodes)", "Pending:\n 1 node_pending0000")
+
+
+def test_count_ray_nodes_counts_idle_nodes_not_pending_ones() -> None:
+    assert "Idle:\n 1 node_7b9d" in RAY_STATUS_IDLE
+    assert count_ray_nodes(RAY_STATUS_IDLE) == 2
+    all_idle = RAY_STATUS_2_60.replace("Active:\n", "Active:\n (no active nodes)\nIdle:\n")
+    assert count_ray_nodes(all_idle) == 2
+
+
 def test_count_ray_nodes() -> None:
     assert count_ray_nodes(RAY_STATUS) == 2
     assert count_ray_nodes(RAY_STATUS.replace(" 1 node_9d8e7f6a\n", "")) == 1

@@ -155,19 +155,26 @@ def ray_status_argv(gang: GangSpec, config: AgentConfig) -> tuple[str, ...]:
 _NODE_LINE = re.compile(r"^\s*(\d+)\s+node_\S+")
 
 
+# The sections of "Node status" whose nodes are alive and joined: Ray's autoscaler lists
+# a node with work under "Active:" and one without under "Idle:" (a worker that has just
+# joined, before vLLM's placement group is made, is idle). "Pending:" nodes are not up.
+_ALIVE_SECTIONS = ("Active:", "Idle:")
+
+
 def count_ray_nodes(status_output: str) -> int:
-    """Alive nodes in `ray status` output: the "Active:" lines of "Node status"."""
+    """Alive nodes in `ray status` output: the lines of the "Active:" and "Idle:"
+    sections of "Node status"."""
     count = 0
-    in_active = False
+    counting = False
     for line in status_output.splitlines():
         stripped = line.strip()
-        if stripped.startswith("Active:"):
-            in_active = True
+        if stripped in _ALIVE_SECTIONS:
+            counting = True
             continue
-        if in_active:
+        if counting:
             m = _NODE_LINE.match(line)
             if m:
                 count += int(m.group(1))
             elif stripped.endswith(":") or stripped.startswith("("):
-                in_active = False
+                counting = False
     return count
