@@ -12,7 +12,7 @@ from sglang.srt.server_args import ServerArgs
 
 KEYS = ("model_path", "served_model_name", "host", "port", "tp_size", "nnodes", "node_rank",
         "dist_init_addr", "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
-        "enable_metrics")
+        "enable_metrics", "download_dir")
 
 
 def main() -> None:

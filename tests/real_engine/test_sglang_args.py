@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.engines import build_plan
+from llmgw.agent.engines.weights import Weights
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig
 from llmgw.model.engine import Adapter, EngineKind, EngineSpec, GangSpec
 
@@ -44,6 +45,10 @@ def _argvs() -> dict[str, list[str]]:
                       adapters=(Adapter("qwen-sql", "/models/sql"), Adapter("qwen-chat", "/models/chat")),
                       max_loras=2, max_lora_rank=32, args=("--mem-fraction-static", "0.85"))
     out["lora"] = list(build_plan(lora, cfg, "/w", gpu_indices={}).main.argv[3:])
+    # No copy on the node: SGLang downloads into the agent's download_dir.
+    fetch = EngineSpec("r1", 1, "q", "org/qwen", "qwen", EngineKind.SGLANG, (), 20001)
+    weights = Weights("org/qwen", {"HF_HUB_CACHE": "/data/models"}, download_dir="/data/models")
+    out["download"] = list(build_plan(fetch, cfg, "/w", gpu_indices={}, weights=weights).main.argv[3:])
     return out
 
 
@@ -86,6 +91,11 @@ def test_sglang_lora_plan_parses_as_the_adapters(parsed: dict[str, dict]) -> Non
     # SGLang's LoRAPathAction keeps NAME=PATH as its LoRARef list (or a dict, by version).
     text = json.dumps(a["lora_paths"], default=str)
     assert "qwen-sql" in text and "/models/sql" in text and "qwen-chat" in text, text
+
+
+def test_sglang_downloads_into_the_agents_download_dir(parsed: dict[str, dict]) -> None:
+    assert parsed["download"]["args"]["download_dir"] == "/data/models"
+    assert parsed["download"]["args"]["model_path"] == "org/qwen"
 
 
 def test_sglang_plans_use_exact_flags(parsed: dict[str, dict]) -> None:

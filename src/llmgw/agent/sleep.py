@@ -3,10 +3,13 @@
 vLLM 0.32 (entrypoints/serve/dev/sleep/api_router.py, mounted only with
 VLLM_SERVER_DEV_MODE=1; the engine started with --enable-sleep-mode):
 - `POST /sleep?level=1`: weights to CPU memory, KV cache dropped, GPU memory freed;
-  answers {"status": "sleeping", "level": 1} once done. Requests that arrive while it
-  sleeps are queued by its paused scheduler, not refused.
-- `POST /wake_up`: memory back; {"status": "awake"} (or "sleeping" when only some tags
-  woke).
+  answers 200 once done. Requests that arrive while it sleeps are queued by its paused
+  scheduler, not refused.
+- `POST /wake_up`: memory back; 200.
+- Only the status is read: 0.32 answers {"status": "sleeping", "level": 1} and
+  {"status": "awake"|"sleeping", "tags": ...}, but earlier vLLM (serve/dev's router
+  before the sleep module, and api_server.py before it) answers both with an empty 200;
+  whether the engine sleeps is asked of /is_sleeping, which every version answers.
 - `GET /is_sleeping`: {"is_sleeping": bool}; the engine is ready again when it says false.
 
 `sleep` and `wake` are the calls, each bounded; `follow` is the supervisor's task for

@@ -82,7 +82,8 @@ def build_plan(
 
     `weights` (llmgw.agent.engines.weights.weights_for, from this node's storage scan): the
     engine loads `weights.arg` (a copy's path, or the id to download) with `weights.env`
-    (the deployment's env still wins), and vLLM downloads into `weights.download_dir`; the
+    (the deployment's env still wins), and vLLM and SGLang download into
+    `weights.download_dir`; the
     served name stays the deployment's. None: the model as the deployment wrote it, as
     before weights were resolved.
 
@@ -112,7 +113,7 @@ def build_plan(
         plan = vllm_plan((config.engines.vllm.bin,), spec, config, env, cwd, overrides,
                          download_dir=download_dir)
     elif spec.engine is EngineKind.SGLANG:
-        plan = sglang_plan(spec, config, env, cwd, overrides)
+        plan = sglang_plan(spec, config, env, cwd, overrides, download_dir=download_dir)
     elif spec.engine is EngineKind.SIMULATED:
         plan = simulated_plan(spec, config, python, env, cwd, overrides)
     else:

@@ -14,9 +14,10 @@ it, one node puts them at --port + 233, outside anything reserved). A gang's dis
 is the head's rendezvous port, which placement puts at the same place in the head's block.
 
 Weights (llmgw.agent.engines.weights): `--model-path` is the copy's path where the node
-holds one. SGLang 0.5.23 has no --download-dir flag (its LoadConfig.download_dir is never
-set from the command line), so a download goes where HF_HUB_CACHE says, which build_plan
-sets to the agent's download_dir.
+holds one. A download goes into the agent's download_dir twice over, as with vLLM:
+`--download-dir` (SGLang 0.5.23's model fields, srt/arg_groups/fields/model.py
+`download_dir`, which load_model_utils.py hands to LoadConfig as the weights' cache_dir)
+and HF_HUB_CACHE (build_plan), which takes the config and tokenizer there too.
 
 LoRA (sglang 0.5.23, srt/arg_groups/fields/lora.py): `--enable-lora --max-lora-rank R
 --max-loras-per-batch N --lora-paths NAME=PATH ...`. SGLang's batch limit counts the
@@ -28,6 +29,8 @@ on. A change of adapters therefore rolls an SGLang deployment (Deployment.templa
 """
 
 from __future__ import annotations
+
+from attrs import evolve
 
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.config.agent import AgentConfig
@@ -79,7 +82,13 @@ def sglang_plan(
     env: dict[str, str],
     cwd: str,
     overrides: tuple[str, ...],
+    *,
+    download_dir: str = "",
 ) -> LaunchPlan:
+    """`download_dir`: where SGLang fetches weights it must download (`--download-dir`),
+    before the deployment's args, so that its own --download-dir wins."""
+    if download_dir:
+        spec = evolve(spec, args=("--download-dir", download_dir, *spec.args))
     # Ranks other than 0 run a dummy health server that always says 200: liveness only.
     rank0 = spec.gang is None or spec.gang.rank == 0
     return LaunchPlan(

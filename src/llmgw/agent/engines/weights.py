@@ -16,7 +16,7 @@ served name stays the deployment's (`--served-model-name`), so clients see no di
   offline variables keep anything else the engine looks up by id (a tokenizer named in the
   args) in the same cache and off the network; a deployment's own env still wins.
 - No complete copy: the id as written, and the engine downloads into `download_dir`
-  (HF_HUB_CACHE; vLLM also `--download-dir`), a cache layout the next scan reads, so the
+  (HF_HUB_CACHE, and `--download-dir` for vLLM and SGLang), a cache layout the next scan reads, so the
   node holds the model from then on; a half-written download is never complete there.
 - An absolute path the deployment names: as written (the operator chose it).
 - A Ray gang (its workers open the head's path on every member): a shared copy, or a local
@@ -49,7 +49,7 @@ class Weights:
     copy: ModelCopy | None = None  # the copy used; None: downloading, or a path as written
     reason: str = ""  # one line, for the engine's log, its record and `describe replica`
     # Where the engine downloads to ("" when it uses a copy or has nowhere named):
-    # vLLM's --download-dir.
+    # vLLM's and SGLang's --download-dir.
     download_dir: str = ""
 
 
