@@ -24,7 +24,8 @@ DEFAULT_FRACTION = 0.9
 # MiB an engine's own CUDA context (with cuBLAS and NCCL workspaces) takes on each GPU
 # before vLLM's free-memory check: about 0.5 GiB for the context with CUDA 12's lazy
 # module loading, and NCCL's buffers on top for tensor parallelism; 1 GiB covers both on
-# the GPUs llmgw targets. bench/gpu_check.py measures it where a GPU is at hand.
+# the GPUs llmgw targets. Not yet measured here (no GPU): the figure to confirm the next
+# time bench/gpu_check.py runs on one.
 CONTEXT_RESERVE = 1024
 
 # The flag each engine sizes its share of a GPU with.
