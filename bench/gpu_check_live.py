@@ -44,7 +44,7 @@ from gpu_check_steps import REPO, Deadline, Outcome
 sys.path.insert(0, str(REPO / "tests"))
 
 from fakes.live import LLMGW, Cluster, Proc, engine_pids  # noqa: E402
-from llmgw.agent import procs  # noqa: E402
+from llmgw.agent.process import procs  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 FAKE_NVML_DIR = BENCH / "gpu_check_fake_nvml"

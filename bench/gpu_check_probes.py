@@ -83,8 +83,9 @@ def llmgw_readers(pci_root: str) -> list[tuple[str, Callable[[Any], Any]]]:
     inventory (discovery.gpus), the spawn-time and release memory reads
     (discovery.nvml.read_gpu_memory), the utilisation sampler (gpu_usage.read_usage) and
     the Xid watch (xid._Watch: open, one wait, close)."""
-    from llmgw.agent import gpu_usage, xid
     from llmgw.agent.discovery import gpus, nvml
+    from llmgw.agent.gpus import usage as gpu_usage
+    from llmgw.agent.gpus import xid
 
     def xid_watch(n: Any) -> Any:
         watch = xid._Watch.open(n)
@@ -201,10 +202,10 @@ def probe_settings(port: int, timeout: float) -> dict[str, Any]:
 
 def preflight_probe(port: int, deadline: Deadline, python: str = sys.executable,
                     want_backend: str = "nccl") -> Outcome:
-    """llmgw's pre-flight probe (llmgw/agent/preflight_probe.py, the file the agent runs)
+    """llmgw's pre-flight probe (llmgw/agent/insession/preflight_probe.py, the file the agent runs)
     at world size 1 on GPU 0, read back with the agent's own parser. Passes when it
     passed on `want_backend`."""
-    from llmgw.agent import preflight_probe
+    from llmgw.agent.insession import preflight_probe
 
     timeout = deadline.bound(PROBE_TIMEOUT)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmgw.agent import ports
+from llmgw.agent.process import ports
 
 
 def _environ(pid: int) -> dict[str, str]:

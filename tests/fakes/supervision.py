@@ -12,7 +12,7 @@ from attrs import evolve
 
 from fakes.engine_keys import auth, engine_key
 from llmgw.agent.engines import LaunchPlan, ProcessPlan
-from llmgw.agent.gpu_memory import GpuMemory
+from llmgw.agent.gpus.memory import GpuMemory
 from llmgw.model.engine import EngineReport, EngineSpec, EngineState
 from llmgw.model.inventory import GpuProcess
 

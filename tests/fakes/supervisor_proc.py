@@ -15,7 +15,7 @@ from typing import Any
 import trio
 from cattrs.preconf.json import make_converter
 
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.config.agent import AgentConfig, KeysConfig, SupervisorConfig
 from llmgw.model.engine import EngineReport, EngineSpec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fakes.live import engine_pids
-from llmgw.agent import procs
+from llmgw.agent.process import procs
 
 READY_TIMEOUT = 420  # model load on 2 busy cores: 25-130 s seen (--enforce-eager)
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}

@@ -13,8 +13,8 @@ import trio
 
 from fakes.adapters import write_adapter
 from fakes.engines import SimEngineProcess, free_port, vllm_args
-from llmgw.agent.adapter_sync import AdapterKeeper, call, sync_adapters
-from llmgw.agent.adapters import SyncResult
+from llmgw.agent.lora.adapters import SyncResult
+from llmgw.agent.lora.sync import AdapterKeeper, call, sync_adapters
 from llmgw.model.engine import Adapter
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

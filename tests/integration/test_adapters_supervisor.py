@@ -16,8 +16,8 @@ from fakes.adapters import write_adapter
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent.records import read_records
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.records import read_records
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import Adapter, EngineKind, EngineReport, EngineSpec, EngineState
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

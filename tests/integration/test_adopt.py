@@ -9,9 +9,9 @@ from pathlib import Path
 
 import trio
 
-from llmgw.agent import procs
-from llmgw.agent.adopt import Adopted, Gone, adopt_records
-from llmgw.agent.records import EngineRecord, read_records, write_record
+from llmgw.agent.lifecycle.adopt import Adopted, Gone, adopt_records
+from llmgw.agent.lifecycle.records import EngineRecord, read_records, write_record
+from llmgw.agent.process import procs
 from llmgw.model.engine import EngineKind, EngineSpec
 
 

@@ -18,7 +18,7 @@ from cattrs.preconf.json import make_converter
 
 from fakes.engines import free_port
 from fakes.live import wait_for
-from llmgw.agent import procs
+from llmgw.agent.process import procs
 from llmgw.model.engine import EngineKind, EngineSpec
 
 SUPERVISOR_PROC = str(Path(__file__).resolve().parents[1] / "fakes" / "supervisor_proc.py")
@@ -84,7 +84,7 @@ async def test_leader_death_is_not_ready_before_its_session_is_cleaned_up(tmp_pa
     from fakes.supervision import Reports
     from fakes.supervisor_proc import config
     from llmgw.agent.engines import LaunchPlan, ProcessPlan
-    from llmgw.agent.supervisor import Supervisor
+    from llmgw.agent.lifecycle.supervisor import Supervisor
     from llmgw.model.engine import EngineState
 
     rid = f"leftover-{os.getpid()}"

@@ -18,7 +18,7 @@ from fakes.engines import free_port
 from fakes.live import Cluster, wait_for
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.config.agent import EnginesConfig, VllmConfig
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 

@@ -15,7 +15,7 @@ from fakes.engines import free_port
 from fakes.live import engine_pids, kill_engines
 from fakes.supervision import FakeGpus, Reports, gpu
 from fakes.supervisor_proc import config
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState, GangSpec
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

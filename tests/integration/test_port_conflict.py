@@ -21,8 +21,8 @@ from fakes.engines import free_port
 from fakes.live import Cluster, engine_pids, wait_for
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent import ports
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.process import ports
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

@@ -26,9 +26,9 @@ import trio
 
 from fakes.engines import free_port
 from fakes.supervision import Reports, chat
-from llmgw.agent import procs
 from llmgw.agent.engines import build_plan, count_ray_nodes
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.process import procs
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SupervisorConfig, VllmConfig
 from llmgw.model.deployment import RAY_PORT_BLOCK
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec

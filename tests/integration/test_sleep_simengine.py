@@ -1,7 +1,7 @@
 """vLLM's sleep mode on the simulated engine, as a real process (issue 25): the endpoints
 only with VLLM_SERVER_DEV_MODE, vLLM's bodies and refusals; a request sent while it sleeps
 waits (vLLM's paused scheduler queues it) and is answered once woken; the process is the
-same one; the wake (agent/sleep.py) measured."""
+same one; the wake (agent/lifecycle/sleep.py) measured."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from fakes.engines import SimEngineProcess, free_port, vllm_args
-from llmgw.agent import sleep as engine_sleep
-from llmgw.agent.adapter_sync import call
+from llmgw.agent.lifecycle import sleep as engine_sleep
+from llmgw.agent.lora.sync import call
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}
 

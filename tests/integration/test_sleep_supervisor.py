@@ -15,10 +15,10 @@ from fakes.engine_keys import engine_key
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent import sleep as engine_sleep
-from llmgw.agent.adapter_sync import call
-from llmgw.agent.records import read_records
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle import sleep as engine_sleep
+from llmgw.agent.lifecycle.records import read_records
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.lora.sync import call
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

@@ -12,8 +12,8 @@ import trio
 from test_supervisor_gpus import cfg, prefix, spec  # noqa: F401  (prefix: a fixture)
 
 from fakes.supervision import PlanLog, Reports
-from llmgw.agent import supervisor
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle import supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import EngineSpec, EngineState
 
 WAIT = ("(EngineCore_DP0 pid=1) INFO 12-05 16:00:00 [shm_broadcast.py:750] No available shared "

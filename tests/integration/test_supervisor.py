@@ -21,10 +21,10 @@ from cattrs.preconf.json import make_converter
 from fakes.engines import free_port
 from fakes.supervision import Reports, chat
 from fakes.supervisor_proc import config
-from llmgw.agent import procs
 from llmgw.agent.engines import LaunchPlan, ProcessPlan
-from llmgw.agent.records import EngineRecord, read_records, write_record
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.records import EngineRecord, read_records, write_record
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.process import procs
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 
 FAST = {"LLMGW_SIM_TTFT": "0.01", "LLMGW_SIM_TOKENS_PER_SECOND": "1000"}

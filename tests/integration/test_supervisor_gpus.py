@@ -17,10 +17,11 @@ from attrs import evolve
 from fakes.engines import free_port
 from fakes.supervision import GIB, FakeGpus, PlanLog, Reports, gpu
 from fakes.supervisor_proc import config
-from llmgw.agent import procs, supervisor
-from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.agent.records import LOG, read_records
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.gpus.memory import GpuMemory
+from llmgw.agent.lifecycle import supervisor
+from llmgw.agent.lifecycle.records import LOG, read_records
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.process import procs
 from llmgw.config.agent import AgentConfig
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 

@@ -12,7 +12,7 @@ from test_supervisor import _kill_tagged, spec
 from fakes.engines import free_port
 from fakes.supervision import Reports, chat
 from fakes.supervisor_proc import config
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import EngineReport
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.agent import preflight_probe, preflight_run
 from llmgw.agent.engines.preflight import PORT_FAULT, PROBE_ENV
+from llmgw.agent.insession import preflight_probe, preflight_run
 
 pytestmark = pytest.mark.real_engine
 

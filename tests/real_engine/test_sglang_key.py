@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.agent.engines.keys import sglang_key_config
-from llmgw.agent.records import new_key
-from llmgw.agent.spawn import default_plan, write_secret
+from llmgw.agent.lifecycle.records import new_key
+from llmgw.agent.process.spawn import default_plan, write_secret
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, SupervisorConfig
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 

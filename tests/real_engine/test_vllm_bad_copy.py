@@ -17,7 +17,7 @@ import pytest
 from fakes.live import Cluster, wait_for
 from fakes.nvidia_smi import L40S, L40S_BUS, query_line, topo_matrix, write_script
 from fakes.vllm_rig import engine_log, node_copy, tiny_yaml, vllm_agent
-from llmgw.agent.bad_copies import unreadable_reason
+from llmgw.agent.lifecycle.bad_copies import unreadable_reason
 
 pytestmark = pytest.mark.real_engine
 

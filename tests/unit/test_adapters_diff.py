@@ -7,8 +7,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.agent.adapter_sync import parse_answer
-from llmgw.agent.adapters import Load, Unload, adapter_actions, after, answer_error, loaded_adapters
+from llmgw.agent.lora.adapters import Load, Unload, adapter_actions, after, answer_error, loaded_adapters
+from llmgw.agent.lora.sync import parse_answer
 from llmgw.model.engine import Adapter
 
 SQL, CHAT = Adapter("sql", "/a/sql"), Adapter("chat", "/a/chat")

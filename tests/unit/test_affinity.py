@@ -13,7 +13,7 @@ from fakes import nvidia_smi as fake
 from fakes.sysfs import _switch, add_hca, hca_device, pcie_tree
 from llmgw.agent.discovery.discover import discover
 from llmgw.agent.engines import build_plan
-from llmgw.agent.spawn import default_plan
+from llmgw.agent.process.spawn import default_plan
 from llmgw.config.agent import (
     AgentConfig,
     DiscoveryConfig,

@@ -8,8 +8,8 @@ import json
 import struct
 from pathlib import Path
 
-from llmgw.agent.bad_copies import BadCopies, unreadable_reason
 from llmgw.agent.engines.weights import resolve_weights
+from llmgw.agent.lifecycle.bad_copies import BadCopies, unreadable_reason
 from llmgw.model.inventory import ModelCopy, StorageReport
 from llmgw.simengine.weights import check_weights
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from llmgw.agent.converge import Start, Stop, converge
+from llmgw.agent.lifecycle.converge import Start, Stop, converge
 from llmgw.model.engine import EngineKind, EngineSpec
 
 

@@ -19,7 +19,7 @@ from fakes.nvidia_smi import (
 )
 from llmgw.agent.discovery.nvidia_smi import GpuOutputError
 from llmgw.agent.discovery.nvml import proc_cmdline, read_gpu_memory, read_nvml, shorten_command
-from llmgw.agent.gpu_memory import GpuMemory
+from llmgw.agent.gpus.memory import GpuMemory
 from llmgw.model.inventory import GpuProcess
 
 GIB = 1024**3

@@ -14,10 +14,10 @@ import trio
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent import supervisor as supervisor_mod
-from llmgw.agent.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
-from llmgw.agent.startup_deadline import StartupDeadline
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle import supervisor as supervisor_mod
+from llmgw.agent.lifecycle.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
+from llmgw.agent.lifecycle.startup_deadline import StartupDeadline
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 from llmgw.model.inventory import StorageReport
 

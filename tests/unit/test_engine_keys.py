@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.agent.engines import keys
-from llmgw.agent.records import EngineRecord, new_key, read_records, write_record
-from llmgw.agent.spawn import default_plan, spawn_plan
+from llmgw.agent.lifecycle.records import EngineRecord, new_key, read_records, write_record
+from llmgw.agent.process.spawn import default_plan, spawn_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, VllmConfig
 from llmgw.errors import EngineError, ProtocolError, UsageError
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec

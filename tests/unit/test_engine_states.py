@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from llmgw.agent.engine_states import (
+from llmgw.agent.lifecycle.states import (
     FAILING,
     TRANSITIONS,
     EngineEvent,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from attrs import evolve
 
 from fakes.supervision import GIB, FakeGpus, gpu
-from llmgw.agent.gpu_claims import check_gpus, gpu_memory_min, mark_inventory
+from llmgw.agent.gpus.claims import check_gpus, gpu_memory_min, mark_inventory
 from llmgw.model.engine import EngineKind, EngineSpec
 from llmgw.model.inventory import Gpu, GpuProcess, Inventory
 

@@ -8,9 +8,9 @@ import trio.testing
 from attrs import evolve
 
 from fakes.supervision import GIB, FakeGpus, gpu
-from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.agent.gpu_release import SLACK_MIB, gib, release_reasons, state_text, still_held
-from llmgw.agent.supervisor import _Release, watch_release
+from llmgw.agent.gpus.memory import GpuMemory
+from llmgw.agent.gpus.release import SLACK_MIB, gib, release_reasons, state_text, still_held
+from llmgw.agent.lifecycle.supervisor import _Release, watch_release
 from llmgw.model.inventory import GpuProcess
 
 SESSION = frozenset({4242, 4243})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fakes.nvidia_smi import BUSES, NVML_ERROR_GPU_IS_LOST, FakeNvml, FakeNVMLError
-from llmgw.agent.gpu_usage import GpuSampler, read_usage
+from llmgw.agent.gpus.usage import GpuSampler, read_usage
 
 
 def test_a_lost_gpu_is_left_out_and_the_others_kept() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from llmgw.agent.gpu_usage import GpuSampler
+from llmgw.agent.gpus.usage import GpuSampler
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.model.inventory import Inventory
 from llmgw.router.metrics import RouterMetrics

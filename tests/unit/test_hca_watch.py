@@ -12,7 +12,13 @@ import trio
 
 from fakes.cluster import cluster, node
 from fakes.sysfs import PHYS, STATES, add_hca
-from llmgw.agent.hca_watch import HcaHealth, PortSample, parse_counter, read_samples, serve_hca_watch
+from llmgw.agent.discovery.hca_watch import (
+    HcaHealth,
+    PortSample,
+    parse_counter,
+    read_samples,
+    serve_hca_watch,
+)
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import FabricReport, FabricState, Hca, IbPort, Inventory
@@ -148,7 +154,7 @@ def test_a_gang_is_placed_on_healthy_hcas_only() -> None:
 
 
 def test_an_hca_gone_after_start_is_reported_not_hidden(tmp_path: Path) -> None:
-    from llmgw.agent.hca_watch import GONE, with_gone, without_hcas
+    from llmgw.agent.discovery.hca_watch import GONE, with_gone, without_hcas
     from llmgw.config.agent import AgentConfig, FabricConfig, KeysConfig
 
     cfg = AgentConfig(node_id="n", server="tcp://127.0.0.1:1", keys=KeysConfig("k", "s"),

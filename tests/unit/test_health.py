@@ -7,7 +7,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.agent.health import HealthEvent, HealthTracker, http_health, probe_timeout, watch_health
+from llmgw.agent.lifecycle.health import HealthEvent, HealthTracker, http_health, probe_timeout, watch_health
 from llmgw.model.engine import EngineKind
 
 

@@ -1,11 +1,11 @@
-"""The agent's read of an engine's requests in flight (agent/inflight.py)."""
+"""The agent's read of an engine's requests in flight (agent/lifecycle/inflight.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.agent.inflight import changed, parse_in_flight
+from llmgw.agent.lifecycle.inflight import changed, parse_in_flight
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

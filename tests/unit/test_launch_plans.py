@@ -13,7 +13,7 @@ from llmgw.agent.engines import LaunchPlan, build_plan, count_ray_nodes, env_ove
 from llmgw.agent.engines.env import VLLM_PORT_DP_SAFE, release
 from llmgw.agent.engines.ray import RAY_MAX_GPUS, without_client_server_port
 from llmgw.agent.engines.weights import weights_for
-from llmgw.agent.spawn import default_plan
+from llmgw.agent.process.spawn import default_plan
 from llmgw.config.agent import (
     AgentConfig,
     EnginesConfig,

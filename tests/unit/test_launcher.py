@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llmgw.agent.launcher import _ray_start_argv
+from llmgw.agent.insession.launcher import _ray_start_argv
 
 HEAD = ["--head", "--port=26379", "--ray-client-server-port=27006", "--block"]
 

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fakes.nvidia_smi import BUSES, FakeNvml, FakeNVMLError
-from llmgw.agent.gpu_usage import RETRY, GpuSampler, read_usage
+from llmgw.agent.gpus.usage import RETRY, GpuSampler, read_usage
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.config.server import ServerConfig
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState

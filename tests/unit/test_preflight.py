@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.agent import preflight_run
 from llmgw.agent.engines import build_plan
 from llmgw.agent.engines.preflight import (
     CPU_SIZES,
@@ -24,7 +23,8 @@ from llmgw.agent.engines.preflight import (
     parse_output,
     verdict,
 )
-from llmgw.agent.spawn import default_plan, probe_command, spawn_plan
+from llmgw.agent.insession import preflight_run
+from llmgw.agent.process.spawn import default_plan, probe_command, spawn_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SupervisorConfig, VllmConfig
 from llmgw.config.deployment import parse_deployment
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
@@ -114,7 +114,7 @@ def test_the_probe_runs_under_the_engines_python(tmp_path: Path) -> None:
     vllm.chmod(0o755)
     cfg = attrs.evolve(config(tmp_path), engines=EnginesConfig(vllm=VllmConfig(bin=str(vllm))))
     assert probe_command(spec(), cfg, "/agent/python")[0] == "/opt/venv/bin/python3.12"
-    assert probe_command(spec(), cfg, "/agent/python")[1].endswith("llmgw/agent/preflight_probe.py")
+    assert probe_command(spec(), cfg, "/agent/python")[1].endswith("llmgw/agent/insession/preflight_probe.py")
     sg = attrs.evolve(cfg, engines=attrs.evolve(cfg.engines, sglang=attrs.evolve(cfg.engines.sglang, python="/sg/py")))
     assert probe_command(spec(engine=EngineKind.SGLANG), sg, "/agent/python")[0] == "/sg/py"
     assert probe_command(spec(engine=EngineKind.SIMULATED), cfg, "/agent/python")[0] == "/agent/python"

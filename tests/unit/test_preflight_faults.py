@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent import preflight_probe, preflight_run
 from llmgw.agent.engines.preflight import (
     PORT_FAULT,
     PROBE_ENV,
@@ -31,8 +30,9 @@ from llmgw.agent.engines.preflight import (
     parse_output,
     port_fault,
 )
-from llmgw.agent.preflight_report import parse_result
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.insession import preflight_probe, preflight_run
+from llmgw.agent.lifecycle.preflight_report import parse_result
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.config.agent import EnginesConfig
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState, GangSpec
 from llmgw.model.preflight import EXIT_CODE, FAILED_LINE, failure, port_in_use

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmgw.agent import preflight_run
 from llmgw.agent.discovery.engine_check import find_python
 from llmgw.agent.discovery.engine_meta import HEAD_MAX, ScriptPython, script_python
 from llmgw.agent.engines import build_plan
-from llmgw.agent.spawn import probe_command
+from llmgw.agent.insession import preflight_run
+from llmgw.agent.process.spawn import probe_command
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SupervisorConfig, VllmConfig
 from llmgw.errors import EngineError
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec

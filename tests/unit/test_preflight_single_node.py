@@ -18,11 +18,11 @@ from test_reconcile import dep
 from test_reconcile_preflight import SLOW, preflight_tail
 
 from fakes.cluster import cluster, node
-from llmgw.agent import preflight_probe
 from llmgw.agent.engines import build_plan
 from llmgw.agent.engines.preflight import PROBE_ENV, RESULT_FILE, parse_output, settings_of
-from llmgw.agent.preflight_report import result_path
-from llmgw.agent.spawn import default_plan
+from llmgw.agent.insession import preflight_probe
+from llmgw.agent.lifecycle.preflight_report import result_path
+from llmgw.agent.process.spawn import default_plan
 from llmgw.config.agent import FabricConfig
 from llmgw.config.deployment import parse_deployment
 from llmgw.ctl.render import _describe_node

@@ -16,7 +16,7 @@ import trio
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.config.agent import EnginesConfig
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
 from llmgw.model.preflight import EXIT_CODE

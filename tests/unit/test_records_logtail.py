@@ -3,9 +3,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llmgw.agent.logtail import tail_lines
-from llmgw.agent.procs import rotate_log
-from llmgw.agent.records import EngineRecord, read_records, remove_record, write_record
+from llmgw.agent.lifecycle.logtail import tail_lines
+from llmgw.agent.lifecycle.records import EngineRecord, read_records, remove_record, write_record
+from llmgw.agent.process.procs import rotate_log
 from llmgw.model.engine import EngineKind, EngineSpec, GangSpec
 
 

@@ -11,7 +11,7 @@ import pytest
 from attrs import evolve
 from test_reconcile_preflight import SLOW, Kept, preflight_tail
 
-from llmgw.agent.preflight_report import Reported, parse_result
+from llmgw.agent.lifecycle.preflight_report import Reported, parse_result
 from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.node import NodeState

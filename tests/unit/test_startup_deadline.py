@@ -6,8 +6,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from llmgw.agent.health import watch_health
-from llmgw.agent.startup_deadline import WEIGHTS_READ_RATE, StartupDeadline, weights_floor
+from llmgw.agent.lifecycle.health import watch_health
+from llmgw.agent.lifecycle.startup_deadline import WEIGHTS_READ_RATE, StartupDeadline, weights_floor
 
 
 def test_no_progress_gives_up_after_the_timeout() -> None:

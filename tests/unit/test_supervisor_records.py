@@ -13,9 +13,9 @@ from cattrs.preconf.json import make_converter
 
 from fakes.supervision import PlanLog, Reports
 from fakes.supervisor_proc import config
-from llmgw.agent import procs
-from llmgw.agent.records import RECORD, EngineRecord, engine_dir, read_records, write_record
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.records import RECORD, EngineRecord, engine_dir, read_records, write_record
+from llmgw.agent.lifecycle.supervisor import Supervisor
+from llmgw.agent.process import procs
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 
 SPEC = EngineSpec("r1", 1, "dep", "org/m", "m", EngineKind.VLLM, ("GPU-a", "GPU-b"), 20000)

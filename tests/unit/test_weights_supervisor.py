@@ -15,8 +15,8 @@ import trio
 from fakes.engines import free_port
 from fakes.supervision import Reports, chat
 from fakes.supervisor_proc import config
-from llmgw.agent.records import LOG, engine_dir, read_records
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.lifecycle.records import LOG, engine_dir, read_records
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.config.agent import ModelDirConfig
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
 from llmgw.model.inventory import ModelCopy, StorageReport
@@ -27,7 +27,7 @@ LINE = "org/tiny: local plain tree /data/models/org/tiny"
 
 async def test_report_record_and_logs_name_the_copy(tmp_path: Path,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="llmgw.agent.supervisor")
+    caplog.set_level(logging.INFO, logger="llmgw.agent.lifecycle.supervisor")
     work = str(tmp_path)
     cfg = attrs.evolve(config(work), model_dirs=(ModelDirConfig("/data/models"),))
     spec = EngineSpec("r1", 1, "tiny", "org/tiny", "tiny", EngineKind.SIMULATED, (), free_port())

@@ -11,8 +11,8 @@ import trio
 
 from fakes.nvidia_smi import BUSES, NVML_ERROR_UNKNOWN, FakeNvml, FakeNVMLError
 from llmgw.agent.discovery.gpu_health import HealthReading
-from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.agent.xid import SOFT_XIDS, UNHEALTHY_XIDS, XidProblems, serve_xid_watch, xid_problem
+from llmgw.agent.gpus.memory import GpuMemory
+from llmgw.agent.gpus.xid import SOFT_XIDS, UNHEALTHY_XIDS, XidProblems, serve_xid_watch, xid_problem
 from llmgw.model.inventory import Gpu, Inventory, is_soft
 
 AT = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
@@ -76,7 +76,7 @@ async def test_gpus_that_cannot_register_are_skipped(autojump_clock: trio.abc.Cl
 
 async def test_no_event_api_logs_once_and_returns(caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml(BUSES, events_api=False)
-    with caplog.at_level(logging.INFO, logger="llmgw.agent.xid"):
+    with caplog.at_level(logging.INFO, logger="llmgw.agent.gpus.xid"):
         async with trio.open_nursery() as n:
             await n.start(serve_xid_watch, nvml, lambda _u, _p: None)
     lines = [r.getMessage() for r in caplog.records]
@@ -113,7 +113,7 @@ async def test_wait_errors_back_off_and_the_watch_goes_on(
         autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture) -> None:
     nvml = FlakyWait(BUSES, xids=[(1, 119)])
     start = trio.current_time()
-    with caplog.at_level(logging.WARNING, logger="llmgw.agent.xid"):
+    with caplog.at_level(logging.WARNING, logger="llmgw.agent.gpus.xid"):
         got = await watch(nvml, 1)
     assert got == [("GPU-0001", "Xid 119 at 2026-12-01T10:00:00Z: GSP RPC timeout")]
     assert trio.current_time() - start >= 10  # two backoffs, no spinning on the error

@@ -17,7 +17,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
 from llmgw import __version__
-from llmgw.agent.gpu_usage import GpuSampler, GpuUsage
+from llmgw.agent.gpus.usage import GpuSampler, GpuUsage
 from llmgw.http1.listen import HttpRequest, Response, Route
 from llmgw.http1.serve import serve_http
 from llmgw.model.engine import EngineReport, EngineState

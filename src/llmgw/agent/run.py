@@ -18,19 +18,19 @@ import zmq
 from attrs import evolve
 
 from llmgw import PROTOCOL_VERSION
-from llmgw.agent.bad_copies import BadCopies
 from llmgw.agent.discovery.discover import discover, inventory_changed
 from llmgw.agent.discovery.gpus import load_nvml
+from llmgw.agent.discovery.hca_watch import HcaHealth, serve_hca_watch, with_gone, without_hcas
 from llmgw.agent.discovery.interfaces import interface_addresses, resolve_mgmt_interface
 from llmgw.agent.discovery.nvml import GpuReads, read_gpu_memory
-from llmgw.agent.gpu_claims import mark_inventory
-from llmgw.agent.gpu_memory import GpuMemory, from_inventory
-from llmgw.agent.gpu_usage import GpuSampler
-from llmgw.agent.hca_watch import HcaHealth, serve_hca_watch, with_gone, without_hcas
+from llmgw.agent.gpus.claims import mark_inventory
+from llmgw.agent.gpus.memory import GpuMemory, from_inventory
+from llmgw.agent.gpus.usage import GpuSampler
+from llmgw.agent.gpus.xid import XidProblems, serve_xid_watch
+from llmgw.agent.lifecycle.bad_copies import BadCopies
+from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
 from llmgw.agent.metrics import AgentMetrics
-from llmgw.agent.supervisor import Supervisor
-from llmgw.agent.xid import XidProblems, serve_xid_watch
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import DiscoveryError
 from llmgw.model.engine import EngineReport

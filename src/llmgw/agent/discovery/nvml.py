@@ -33,7 +33,7 @@ from llmgw.agent.discovery.gpu_health import (
     next_streak,
 )
 from llmgw.agent.discovery.nvidia_smi import GpuOutputError, normalise_bus_id
-from llmgw.agent.gpu_memory import GpuMemory
+from llmgw.agent.gpus.memory import GpuMemory
 from llmgw.model.inventory import Gpu, GpuProcess
 
 log = logging.getLogger(__name__)

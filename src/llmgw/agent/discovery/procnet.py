@@ -1,4 +1,4 @@
-"""Who listens on a port, from /proc text: pure parsers, no I/O (the shell is agent/ports.py).
+"""Who listens on a port, from /proc text: pure parsers, no I/O (the shell is agent/process/ports.py).
 
 - `/proc/net/tcp` and `/proc/net/tcp6`: one socket a line; the LISTEN ones (state 0A)
   give (local address, port, socket inode).

@@ -13,7 +13,7 @@ import os
 from attrs import evolve, frozen
 
 from llmgw.agent.discovery.mountinfo import Mount, classify
-from llmgw.agent.download_progress import downloaded, read_listing
+from llmgw.agent.lifecycle.download_progress import downloaded, read_listing
 from llmgw.config.agent import ModelDirConfig
 from llmgw.model.inventory import ModelCopy, StorageReport
 

@@ -1,11 +1,11 @@
 """The pre-flight of a gang member, or of a single-node tensor-parallel replica (pure):
 the probe process to run before the engine, and what its output says.
 
-The probe (llmgw/agent/preflight_probe.py) runs under the engine's own Python with the
+The probe (llmgw/agent/insession/preflight_probe.py) runs under the engine's own Python with the
 engine's own environment — the same CUDA_VISIBLE_DEVICES, NCCL_*/GLOO_* interfaces,
 NCCL_IB_HCA and UCX_NET_DEVICES — and meets its peers at the head's rendezvous address
 and port (the engine's own, free until the engine starts). The launcher
-(llmgw.agent.launcher) runs it first, bounded by `timeout`, writes what it found to the
+(llmgw.agent.insession.launcher) runs it first, bounded by `timeout`, writes what it found to the
 engine's folder and its log, and starts the engine only when it passed (or, best
 effort, whatever it found).
 
@@ -46,7 +46,7 @@ GPU_ITERS = 5
 CPU_ITERS = 3
 DEFAULT_TIMEOUT = 60.0
 MODES = ("required", "best_effort", "off")
-PROBE_MODULE = "llmgw.agent.preflight_probe"  # its file is what runs, not the module
+PROBE_MODULE = "llmgw.agent.insession.preflight_probe"  # its file is what runs, not the module
 
 # What ProbeResult.fault says a failure was, beyond "the probe failed" (the default, ""):
 # the rendezvous port was held by another process (the port's fault, not the nodes': the

@@ -50,7 +50,7 @@ def sglang_argv(spec: EngineSpec, config: AgentConfig) -> tuple[str, ...]:
         "--port", str(spec.port),
         "--tp-size", str(tp),
         # SGLang serves /metrics only with this; its running and queued counts are what a
-        # drain waits on (agent/inflight.py) and what the router balances by.
+        # drain waits on (agent/lifecycle/inflight.py) and what the router balances by.
         "--enable-metrics",
     )  # fmt: skip
     if spec.port_base:

@@ -34,7 +34,7 @@ SLEEP_FLAG = "--enable-sleep-mode"
 
 def lora_flags(spec: EngineSpec) -> tuple[str, ...]:
     """LoRA enabled with the deployment's limits, and nothing else: the adapters are
-    loaded by the agent once the engine is ready (llmgw.agent.adapters), not named with
+    loaded by the agent once the engine is ready (llmgw.agent.lora.adapters), not named with
     --lora-modules, because vLLM refuses to start when one static adapter fails to load
     (OpenAIServingModels.init_static_loras raises): one bad adapter path would take the
     base model down with it, where loaded at runtime it is one adapter's error.

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 from attrs import evolve
 
-from llmgw.agent.gpu_memory import GpuMemory
-from llmgw.agent.gpu_release import gib
+from llmgw.agent.gpus.memory import GpuMemory
+from llmgw.agent.gpus.release import gib
 from llmgw.model.engine import EngineSpec
 from llmgw.model.gpu_need import memory_need
 from llmgw.model.inventory import Inventory, hard_problems

@@ -13,8 +13,8 @@ import logging
 import trio
 from attrs import frozen
 
-from llmgw.agent import procs
-from llmgw.agent.records import EngineRecord, read_records, remove_record, write_record
+from llmgw.agent.lifecycle.records import EngineRecord, read_records, remove_record, write_record
+from llmgw.agent.process import procs
 
 log = logging.getLogger(__name__)
 

@@ -15,31 +15,31 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 from attrs import define, evolve, field
 
-from llmgw.agent import ports, procs
-from llmgw.agent import sleep as engine_sleep
-from llmgw.agent.adapter_sync import AdapterKeeper
-from llmgw.agent.adapters import SyncResult
-from llmgw.agent.adopt import Adopted, Gone, adopt_records
-from llmgw.agent.bad_copies import unreadable_reason
-from llmgw.agent.converge import Start, Stop, converge
 from llmgw.agent.discovery.engine_check import command_keys, missing_command
 from llmgw.agent.discovery.procnet import PortConflict
-from llmgw.agent.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
-from llmgw.agent.engine_states import FAILING, EngineEvent, Phase, next_state, reported
 from llmgw.agent.engines import LaunchPlan, weights_for
-from llmgw.agent.gpu_claims import check_gpus
-from llmgw.agent.gpu_memory import GpuMemory, GpuMemoryReader
-from llmgw.agent.gpu_release import release_reasons
-from llmgw.agent.health import HealthEvent, http_health, probe_timeout, watch_health
-from llmgw.agent.inflight import changed as inflight_changed
-from llmgw.agent.inflight import read_in_flight
-from llmgw.agent.logtail import tail_lines
-from llmgw.agent.preflight_report import RUNNING as PREFLIGHT_RUNNING
-from llmgw.agent.preflight_report import read_result as read_preflight
-from llmgw.agent.preflight_report import result_path as preflight_path
-from llmgw.agent.records import LOG, EngineRecord, engine_dir, new_key, remove_record, write_record
-from llmgw.agent.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
-from llmgw.agent.startup_deadline import TAIL_MAX, StartupDeadline
+from llmgw.agent.gpus.claims import check_gpus
+from llmgw.agent.gpus.memory import GpuMemory, GpuMemoryReader
+from llmgw.agent.gpus.release import release_reasons
+from llmgw.agent.lifecycle import sleep as engine_sleep
+from llmgw.agent.lifecycle.adopt import Adopted, Gone, adopt_records
+from llmgw.agent.lifecycle.bad_copies import unreadable_reason
+from llmgw.agent.lifecycle.converge import Start, Stop, converge
+from llmgw.agent.lifecycle.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
+from llmgw.agent.lifecycle.health import HealthEvent, http_health, probe_timeout, watch_health
+from llmgw.agent.lifecycle.inflight import changed as inflight_changed
+from llmgw.agent.lifecycle.inflight import read_in_flight
+from llmgw.agent.lifecycle.logtail import tail_lines
+from llmgw.agent.lifecycle.preflight_report import RUNNING as PREFLIGHT_RUNNING
+from llmgw.agent.lifecycle.preflight_report import read_result as read_preflight
+from llmgw.agent.lifecycle.preflight_report import result_path as preflight_path
+from llmgw.agent.lifecycle.records import LOG, EngineRecord, engine_dir, new_key, remove_record, write_record
+from llmgw.agent.lifecycle.startup_deadline import TAIL_MAX, StartupDeadline
+from llmgw.agent.lifecycle.states import FAILING, EngineEvent, Phase, next_state, reported
+from llmgw.agent.lora.adapters import SyncResult
+from llmgw.agent.lora.sync import AdapterKeeper
+from llmgw.agent.process import ports, procs
+from llmgw.agent.process.spawn import InventoryFn, PlanFn, StorageFn, default_plan, spawn_plan
 from llmgw.config.agent import AgentConfig
 from llmgw.errors import LlmgwError
 from llmgw.model.engine import RUNTIME_ADAPTERS, Adapter, EngineReport, EngineSpec, EngineState
@@ -170,7 +170,7 @@ class Supervisor:
     ) -> None:
         self._config = config
         # Called (on the event loop, must not block) with a copy of weights an engine
-        # died reading, and the engine's words (llmgw.agent.bad_copies).
+        # died reading, and the engine's words (llmgw.agent.lifecycle.bad_copies).
         self._on_bad_copy = on_bad_copy
         # This node's last storage scan: the default plan starts engines on the copy it
         # found (or downloads into download_dir), and the record says which. Only with the
@@ -281,7 +281,7 @@ class Supervisor:
 
     def _new_sleep(self, desired: tuple[EngineSpec, ...]) -> None:
         """autoscale.sleep_when_idle: a running engine whose spec changed only in `asleep`
-        is put to sleep or woken in place (agent/sleep.py), by its API server's head."""
+        is put to sleep or woken in place (agent/lifecycle/sleep.py), by its API server's head."""
         for spec in desired:
             eng = self._engines.get(spec.replica_id)
             if eng is None or eng.spec.generation != spec.generation or eng.spec.asleep == spec.asleep:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmgw.agent.gpu_memory import GpuMemory
+from llmgw.agent.gpus.memory import GpuMemory
 
 # MiB of a GPU's memory that may be missing from "free" with no process to account for
 # it: the driver's own reservation (a few hundred MiB on an idle H100 in NVML's "used")

@@ -23,7 +23,7 @@ import trio
 from attrs import evolve
 
 from llmgw.agent.discovery.gpu_health import HealthReading, ResetWatch, next_reset_watch
-from llmgw.agent.gpu_memory import GpuMemory
+from llmgw.agent.gpus.memory import GpuMemory
 from llmgw.model.inventory import Inventory, soft
 
 log = logging.getLogger(__name__)

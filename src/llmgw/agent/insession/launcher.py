@@ -1,4 +1,4 @@
-"""Runs a multi-process launch plan inside one session: `python -m llmgw.agent.launcher PLAN`.
+"""Runs a multi-process launch plan inside one session: `python -m llmgw.agent.insession.launcher PLAN`.
 
 The supervisor spawns this in a new session (output already going to engine.log). It
 starts the plan's earlier processes (e.g. `ray start --head --block`) as its children,
@@ -6,7 +6,7 @@ in the same session; when the plan asks, waits until the Ray cluster counts enou
 nodes (no deadline of its own: the supervisor's startup timeout bounds it); then replaces
 itself with the main process, so the recorded pid is the engine's own.
 
-PLAN is the JSON file the supervisor wrote (see llmgw.agent.spawn.spawn_plan).
+PLAN is the JSON file the supervisor wrote (see llmgw.agent.process.spawn.spawn_plan).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any
 
-from llmgw.agent import preflight_run
 from llmgw.agent.engines import count_ray_nodes
 from llmgw.agent.engines.ray import CLIENT_SERVER_FLAG, without_client_server_port
+from llmgw.agent.insession import preflight_run
 from llmgw.model.preflight import EXIT_CODE as PREFLIGHT_EXIT
 
 POLL = 1.0
@@ -95,7 +95,7 @@ def _wait_ray(plan: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m llmgw.agent.launcher PLAN.json", file=sys.stderr)
+        print("usage: python -m llmgw.agent.insession.launcher PLAN.json", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         plan = json.load(f)

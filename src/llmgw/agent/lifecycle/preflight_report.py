@@ -1,5 +1,5 @@
 """What the agent reports of an engine's pre-flight (issue 22): its phase and figures,
-from the result the launcher writes to the engine's folder (agent/preflight_run.py).
+from the result the launcher writes to the engine's folder (agent/insession/preflight_run.py).
 
 The supervisor says RUNNING from the spawn of an engine whose plan carries a probe until
 the result file is there, then that file's line ("passed: ..." or "failed: ...") and, for

@@ -16,7 +16,6 @@ import os
 import socket
 import sys
 
-from llmgw.agent import procs
 from llmgw.agent.discovery.procnet import (
     Listener,
     PortConflict,
@@ -25,6 +24,7 @@ from llmgw.agent.discovery.procnet import (
     parse_tcp_table,
     socket_inode,
 )
+from llmgw.agent.process import procs
 
 log = logging.getLogger(__name__)
 

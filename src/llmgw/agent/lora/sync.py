@@ -16,7 +16,8 @@ from typing import Any
 
 import trio
 
-from llmgw.agent.adapters import (
+from llmgw.agent.lifecycle.health import key_headers
+from llmgw.agent.lora.adapters import (
     MODELS_PATH,
     AdapterAction,
     SyncResult,
@@ -25,7 +26,6 @@ from llmgw.agent.adapters import (
     answer_error,
     loaded_adapters,
 )
-from llmgw.agent.health import key_headers
 from llmgw.http1.client import NoAnswer, request
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.response import ResponseParser

@@ -1,5 +1,5 @@
 """Running the pre-flight probe inside the engine's session, before the engine
-(llmgw.agent.launcher calls `run` first when the plan carries one).
+(llmgw.agent.insession.launcher calls `run` first when the plan carries one).
 
 The probe's output goes on to the engine's log; its result, judged by
 llmgw.agent.engines.preflight (the bus-bandwidth floor), is written to the engine's

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import trio
 
-from llmgw.agent.adapter_sync import EngineCallError, call
+from llmgw.agent.lora.sync import EngineCallError, call
 from llmgw.errors import EngineError
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Running a launch plan (llmgw.agent.engines) in one new session.
 
 A plan of one process is spawned directly. A plan of several (a Ray head, then
-`vllm serve`) runs through llmgw.agent.launcher, which starts the earlier processes as
+`vllm serve`) runs through llmgw.agent.insession.launcher, which starts the earlier processes as
 its children in the same session, waits for the Ray cluster when the plan says so, then
 execs the main process: every process shares one session whose id is the recorded pid.
 """
@@ -13,11 +13,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 
-from llmgw.agent import preflight_probe, procs
 from llmgw.agent.discovery.engine_check import find_python, resolve
 from llmgw.agent.engines import LaunchPlan, ProcessPlan, build_plan, weights_for
 from llmgw.agent.engines.keys import sglang_key_config, with_key
 from llmgw.agent.engines.preflight import settings_of
+from llmgw.agent.insession import preflight_probe
+from llmgw.agent.process import procs
 from llmgw.config.agent import AgentConfig
 from llmgw.model.affinity import GpuHca, for_member
 from llmgw.model.engine import EngineKind, EngineSpec
@@ -136,5 +137,5 @@ def spawn_plan(plan: LaunchPlan, folder: str, log_path: str, tag: str, api_key: 
     # 0600: the environments in it hold the engine's key.
     path = os.path.join(folder, "plan.json")
     write_secret(path, json.dumps(doc))
-    argv = (sys.executable, "-m", "llmgw.agent.launcher", path)
+    argv = (sys.executable, "-m", "llmgw.agent.insession.launcher", path)
     return procs.spawn(argv, env=env_of(main), cwd=None, log_path=log_path)
