@@ -30,7 +30,7 @@ import trio
 import yaml
 from attrs import frozen
 
-from llmgw.agent.procs import REPLICA_ENV, try_reap
+from llmgw.agent.process.procs import REPLICA_ENV, try_reap
 from llmgw.agent.run import Agent
 from llmgw.config.agent import AgentConfig
 from llmgw.config.deployment import parse_deployment

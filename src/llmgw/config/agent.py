@@ -86,7 +86,7 @@ class SupervisorConfig:
     # at least 25 s, or that variable + 5 s where the deployment sets it.
     health_timeout: Duration = 10.0
     # Hard cap on a start that keeps showing progress (its log grows): see
-    # agent/startup_deadline.py.
+    # agent/lifecycle/startup_deadline.py.
     startup_max: Duration = 3600.0
     # How long a stopped engine's GPUs may take to give their memory back before the
     # stuck process is named; they stay out of placement until it is back, even past it.

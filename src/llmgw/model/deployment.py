@@ -93,7 +93,7 @@ class Deployment:
     priority: int = 0
     # Its replicas' engines sleep (autoscale.sleep_when_idle, set by the autoscaler instead
     # of going to zero): state like `replicas`, out of template_hash; the running engines
-    # are put to sleep and woken in place (server/reconcile/sleeping.py, agent/sleep.py).
+    # are put to sleep and woken in place (server/reconcile/sleeping.py, agent/lifecycle/sleep.py).
     asleep: bool = False
     # The collective pre-flight each member runs before its engine (issue 22): "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang

@@ -176,13 +176,13 @@ class EngineReport:
     adapter_errors: tuple[str, ...] = ()
     # The pre-flight before the engine (issue 22), one line: "" (none asked, or an agent
     # from before), "running", "passed: gloo x2, 4 MiB at 1.15 GB/s bus bandwidth, in
-    # 2.0s" or "failed: <why>" (agent/preflight_report.py); and the passed probe's bus
+    # 2.0s" or "failed: <why>" (agent/lifecycle/preflight_report.py); and the passed probe's bus
     # bandwidth at its largest size, GB/s (0: none measured).
     preflight: str = ""
     preflight_busbw_gbps: float = 0.0
     # While the engine downloads its weights into download_dir (no copy on the node), the
     # bytes on disk so far and the rate, one line: "12.3 GB on disk, 210 MB/s"
-    # (agent/download_progress.py). "": no download, or an agent from before.
+    # (agent/lifecycle/download_progress.py). "": no download, or an agent from before.
     download: str = ""
     # The engine's own API key (issue 30): what a router sends it as `Authorization:
     # Bearer`, over CURVE from the server's endpoint table. "": none (an engine that
