@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from llmgw.config.deployment import load_deployment, parse_deployment
+from llmgw.config.deployment import parse_deployment
+from llmgw.config.load_deployment import load_deployment
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import EngineKind

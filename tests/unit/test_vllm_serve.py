@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmgw.config.deployment import load_deployment, parse_deployment
+from llmgw.config.deployment import parse_deployment
+from llmgw.config.load_deployment import load_deployment
 from llmgw.config.vllm_serve import api_server_count, apply_refusal, runtime_lora_refusal
 from llmgw.errors import DeploymentError
 

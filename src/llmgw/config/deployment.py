@@ -3,6 +3,9 @@
 Every mistake is a DeploymentError naming the file, the field and the value: an unknown
 key, `gpus_per_node: 0`, an unknown engine, a negative replica count, a bad duration.
 A deployment that no node fits today is still valid: the cluster may grow.
+
+This module is a function of data (the server's pure cores rebuild stored deployments
+with it); reading a file is config/load_deployment.py's.
 """
 
 from __future__ import annotations
@@ -12,11 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from llmgw.config.autoscale import parse_autoscale
 from llmgw.config.duration import duration_from_value
-from llmgw.config.vllm_serve import apply_refusal
 from llmgw.errors import DeploymentError
 from llmgw.model.deployment import Deployment, Strategy
 from llmgw.model.engine import LORA_RANKS, Adapter, EngineKind
@@ -46,24 +46,6 @@ _OPTIONAL = (
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 MAX_REPLICAS = 100_000
 MAX_PRIORITY = 1_000_000
-
-
-def load_deployment(path: str) -> Deployment:
-    """Read and validate one deployment file, as one about to be applied."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise DeploymentError(path, "", f"cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DeploymentError(path, "", f"not valid YAML: {exc}") from None
-    d = parse_deployment(data, path)
-    refusal = apply_refusal(d)
-    if refusal:
-        raise DeploymentError(path, "args", refusal)
-    return d
 
 
 def parse_deployment(data: Any, source: str) -> Deployment:

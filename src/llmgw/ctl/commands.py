@@ -12,7 +12,7 @@ from typing import Any
 import trio
 import yaml
 
-from llmgw.config.deployment import load_deployment
+from llmgw.config.load_deployment import load_deployment
 from llmgw.ctl import apikey, gpu, render, usage
 from llmgw.ctl.follow import follow_window, new_lines
 from llmgw.ctl.settings import default_file, resolve, servers_of
