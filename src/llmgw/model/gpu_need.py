@@ -2,17 +2,24 @@
 supervisor checks it again right before spawning.
 
 vLLM refuses to start when a GPU's free memory is below `--gpu-memory-utilization` x
-total (its default 0.9; vllm#20305, #25837); SGLang sizes its pools from
-`--mem-fraction-static` of the total in the same way. A deployment's `gpu_memory_min`
-(MiB) raises the floor. Pure: engine args and figures in, MiB out.
+total (its default 0.9; vllm#20305, #25837). SGLang refuses nothing on that ground: it
+keeps `1 - --mem-fraction-static` of the memory free at its start for activations and
+gives what is left after the weights to its KV pool (0.5.23,
+mem_cache/kv_cache_configurator.py `_profile_available_bytes`: free now - free before
+the weights x (1 - fraction)), so on a GPU others hold it starts with a smaller pool, or
+stops with "Not enough memory" (pool_configurator.py) once the weights do not fit.
+llmgw asks the same fraction x total free for SGLang as for vLLM: the pool the
+deployment's fraction means, not whatever another process left. A deployment's
+`gpu_memory_min` (MiB) raises the floor. Pure: engine args and figures in, MiB out.
 
 vLLM takes that reading after its own CUDA context and, with tensor parallelism, NCCL's
 buffers exist (vllm/v1/worker/gpu_worker.py `init_device`: "Initialize the distributed
 environment BEFORE taking memory snapshot", then `request_memory` in
 vllm/v1/worker/utils.py compares `init_snapshot.free_memory` with utilization x total).
 What NVML shows free before the spawn must therefore cover the fraction AND the engine's
-own context: CONTEXT_RESERVE. SGLang also measures its free memory after its context is
-up (its pools are sized from what is left); the same reserve is kept for it.
+own context: CONTEXT_RESERVE. SGLang also takes its "free before the weights" once its
+context and NCCL are up (distributed/bootstrap.py `measure_pre_model_load_memory`); the
+same reserve is kept for it.
 """
 
 from __future__ import annotations

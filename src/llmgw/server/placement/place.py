@@ -9,8 +9,9 @@ shares one fabric that is not down on any of them and has the same GPU model. Is
 A free GPU is one no replica of ours holds, placeable (no problem, hard or soft, and not releasing, as the
 agent reports it) and with at least the engine's need in free memory:
 `memory_need(engine, args, total, gpu_memory_min)` (vLLM's --gpu-memory-utilization x
-total, SGLang's --mem-fraction-static, 0.9 by default; gpu_memory_min a floor). vLLM
-refuses to start below that, so a GPU other processes hold is no answer at all.
+total, SGLang's --mem-fraction-static, 0.9 by default, plus the engine's own CUDA context,
+CONTEXT_RESERVE; gpu_memory_min a floor). vLLM refuses to start below that, so a GPU
+other processes hold is no answer at all.
 
 Space: a node that would download the model (it holds no complete copy) and reports less
 free space in its download_dir than the model's size is no fit, where both are known: the
