@@ -35,6 +35,20 @@ def test_vllm_flag_both_forms_and_the_last_one_wins() -> None:
     assert memory_fraction(EngineKind.VLLM, args) == 0.6
 
 
+def test_vllm_flag_with_underscores_as_vllms_parser_reads_it() -> None:
+    """vLLM's FlexibleArgumentParser takes --gpu_memory_utilization for the dashed flag:
+    read as unset, 0.95 there would be placed with 0.9 x total free and refused by vLLM."""
+    assert memory_fraction(EngineKind.VLLM, ("--gpu_memory_utilization", "0.95")) == 0.95
+    assert memory_fraction(EngineKind.VLLM, ("--gpu_memory_utilization=0.95",)) == 0.95
+    assert memory_fraction(EngineKind.VLLM, ("--gpu-memory_utilization=0.4",)) == 0.4
+    args = ("--gpu_memory_utilization", "0.5", "--gpu-memory-utilization=0.6")
+    assert memory_fraction(EngineKind.VLLM, args) == 0.6
+    assert memory_need(EngineKind.VLLM, ("--gpu_memory_utilization", "0.95"), H100) == (
+        int(0.95 * H100) + CONTEXT_RESERVE)
+    # SGLang's parser knows only the dashed flag: the underscored one is its error.
+    assert memory_fraction(EngineKind.SGLANG, ("--mem_fraction_static", "0.5")) == 0.9
+
+
 def test_sglang_reads_its_own_flag_not_vllms() -> None:
     assert memory_fraction(EngineKind.SGLANG, ("--mem-fraction-static", "0.8")) == 0.8
     assert memory_fraction(EngineKind.SGLANG, ("--gpu-memory-utilization", "0.3")) == 0.9

@@ -51,10 +51,17 @@ def memory_fraction(engine: EngineKind, args: tuple[str, ...]) -> float:
         return 0.0 if engine is EngineKind.SIMULATED else DEFAULT_FRACTION
     value = ""
     for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
+        name, eq, inline = arg.partition("=")
+        if engine is EngineKind.VLLM and name.startswith("--"):
+            # vLLM's FlexibleArgumentParser takes --gpu_memory_utilization for the dashed
+            # flag (utils/argparse_utils.py); SGLang's parser knows only the dashed one.
+            name = name.replace("_", "-")
+        if name != flag:
+            continue
+        if eq:
+            value = inline
+        elif i + 1 < len(args):
             value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
     try:
         fraction = float(value)
     except ValueError:
