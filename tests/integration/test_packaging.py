@@ -49,6 +49,10 @@ def test_the_wheel_holds_every_example_and_the_readme(wheel: Path) -> None:
             assert shipped in names, shipped
             assert z.read(shipped) == (REPO / ex.relpath).read_bytes()
         assert z.read(data + "share/doc/llmgw/README.md") == (REPO / "README.md").read_bytes()
+        pages = sorted((REPO / "docs").glob("*.md"))
+        assert pages
+        for page in pages:
+            assert z.read(data + "share/doc/llmgw/docs/" + page.name) == page.read_bytes(), page.name
 
 
 def test_an_installed_llmgw_prints_its_examples(wheel: Path, tmp_path: Path) -> None:

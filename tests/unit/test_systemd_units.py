@@ -105,6 +105,8 @@ def test_the_sysusers_file_creates_the_llmgw_user(tmp_path: Path) -> None:
 def test_documentation_is_the_readme_pip_installs_beside_the_program() -> None:
     data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
     assert data["share/doc/llmgw"] == ["README.md"]
+    # The pages the README links to, beside it (its links are relative: docs/NAME.md).
+    assert data["share/doc/llmgw/docs"] == ["docs/*.md"]
     prefix = INSTALLED.removesuffix("/bin/llmgw")
     for name in UNITS:
         text = (REPO / "systemd" / name).read_text()
