@@ -41,7 +41,7 @@ from llmgw.errors import LlmgwError, UsageError
 from llmgw.http1.client import get
 from llmgw.model.inventory import GpuSource
 from llmgw.router.service import serve_router
-from llmgw.router.tenants import tenant_sources
+from llmgw.router.tenants.sources import tenant_sources
 from llmgw.server.peers.service import serve_server
 from llmgw.transport import keys
 from llmgw.transport.client import request

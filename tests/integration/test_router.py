@@ -153,7 +153,7 @@ async def test_stream_events_arrive_spaced(router: str) -> None:
 
 
 async def running(url: str) -> float:
-    from llmgw.router.loadwatch import parse_load
+    from llmgw.router.routing.loadwatch import parse_load
 
     def get() -> str:
         import urllib.request

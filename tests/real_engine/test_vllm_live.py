@@ -28,7 +28,7 @@ from fakes.nvidia_smi import pcie_box
 from fakes.vllm_rig import DTYPE, READY_TIMEOUT, engine_log, leaders, tiny_yaml, vllm_agent
 from fakes.web import series
 from llmgw.agent.process import procs
-from llmgw.router.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
+from llmgw.router.routing.loadwatch import _RUNNING, _USAGE, _WAITING, parse_load
 
 pytestmark = pytest.mark.real_engine
 

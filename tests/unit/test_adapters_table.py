@@ -3,7 +3,7 @@ its base that have it loaded, the same Replica objects as the base's pool."""
 
 from __future__ import annotations
 
-from llmgw.router.table import EndpointTable
+from llmgw.router.routing.table import EndpointTable
 
 
 def _snap(version: int, models: dict, waiting: dict | None = None) -> dict:

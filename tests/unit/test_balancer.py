@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from llmgw.router.balancer import VNODES, Pool, Replica, prefix_key
-from llmgw.router.table import EndpointTable
+from llmgw.router.routing.balancer import VNODES, Pool, Replica, prefix_key
+from llmgw.router.routing.table import EndpointTable
 
 
 def replicas(n: int, now: float = 0.0) -> list[Replica]:

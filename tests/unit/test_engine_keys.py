@@ -26,7 +26,7 @@ from llmgw.agent.process.spawn import default_plan, spawn_plan
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, SglangConfig, VllmConfig
 from llmgw.errors import EngineError, ProtocolError, UsageError
 from llmgw.model.engine import EngineKind, EngineReport, EngineSpec, EngineState, GangSpec
-from llmgw.router.table import EndpointTable
+from llmgw.router.routing.table import EndpointTable
 from llmgw.server.endpoints import without_keys
 from llmgw.simengine.args import parse_args
 from llmgw.simengine.auth import KeyCheck, refused

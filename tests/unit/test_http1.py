@@ -10,7 +10,7 @@ from llmgw.http1.chunked import ChunkedReader, dechunk
 from llmgw.http1.grammar import MAX_FIELDS, MAX_HEAD, H1Error
 from llmgw.http1.request import Request, RequestParser
 from llmgw.http1.response import parse_response_head
-from llmgw.router.jsondepth import MAX_DEPTH, too_deep
+from llmgw.router.connection.jsondepth import MAX_DEPTH, too_deep
 
 LIMIT = 8 * 1024 * 1024
 BODY = b'{"model": "m"}'

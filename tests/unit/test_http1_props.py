@@ -11,7 +11,7 @@ from llmgw.http1.chunked import ChunkedReader, dechunk
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import RequestParser
 from llmgw.http1.response import parse_response_head
-from llmgw.router.jsondepth import too_deep
+from llmgw.router.connection.jsondepth import too_deep
 
 LIMIT = 4096
 # Thousands of examples for the client side (what anyone can send), fewer for the engine side.

@@ -11,7 +11,7 @@ import trio
 
 from llmgw.errors import ProtocolError
 from llmgw.model.apikey import hash_secret
-from llmgw.router.keytable import CACHE_MAX, KeyTable, poll_keys
+from llmgw.router.tenants.keytable import CACHE_MAX, KeyTable, poll_keys
 
 
 def entry(name: str, secret: str, **kw: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Leases (server/tenants/leases.py, router/wallet.py), pure (issue 24): however routers ask, spend,
+"""Leases (server/tenants/leases.py, router/tenants/wallet.py), pure (issue 24): however routers ask, spend,
 refund and give back, the units used in any sliding window never exceed the limit, summed
 over routers; and a lone busy router gets the whole limit."""
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.model.leases import Grant
-from llmgw.router.wallet import Wallet
+from llmgw.router.tenants.wallet import Wallet
 from llmgw.server.tenants.leases import LeaseBook
 
 WINDOW = 60.0

@@ -9,7 +9,7 @@ from attrs import evolve
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.wallet import MAX_SPENT, Wallet
+from llmgw.router.tenants.wallet import MAX_SPENT, Wallet
 from llmgw.server.tenants.leases import LeaseBook
 
 WINDOW = 60.0
@@ -134,7 +134,7 @@ import trio  # noqa: E402
 
 from llmgw.model.apikey import ApiKeyRecord, hash_secret  # noqa: E402
 from llmgw.router.errors import ApiError  # noqa: E402
-from llmgw.router.limits import Limiter  # noqa: E402
+from llmgw.router.tenants.limits import Limiter  # noqa: E402
 from llmgw.server.peers.sessions import Peer  # noqa: E402
 from llmgw.server.tenants.limits import LimitBooks  # noqa: E402
 from llmgw.transport.apikey_ops import LeaseOp  # noqa: E402

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.router.loadwatch import EngineLoad, parse_load
+from llmgw.router.routing.loadwatch import EngineLoad, parse_load
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

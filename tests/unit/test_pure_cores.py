@@ -56,9 +56,9 @@ PURE = [
     "llmgw.model.leases",
     "llmgw.model.pcie",
     "llmgw.server.tenants.leases",
-    "llmgw.router.wallet",
+    "llmgw.router.tenants.wallet",
     "llmgw.server.tenants.slots",
-    "llmgw.router.slots",
+    "llmgw.router.tenants.slots",
     "llmgw.server.elastic.decide",
     "llmgw.server.elastic.load_board",
     "llmgw.server.placement.preempt",
@@ -76,7 +76,7 @@ PURE = [
     "llmgw.transport.requests",
     "llmgw.server.placement.fabrics",
     "llmgw.server.peers.intern",
-    "llmgw.router.jsondepth",
+    "llmgw.router.connection.jsondepth",
     "llmgw.server.endpoints",
 ]
 

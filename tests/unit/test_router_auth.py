@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.errors import ConfigError
-from llmgw.router.auth import KeyFile, hash_key, parse_keys
+from llmgw.router.tenants.auth import KeyFile, hash_key, parse_keys
 
 
 def entry(name: str, key: str, models: str | None = None) -> str:

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from llmgw.router.admission import Gate, Refused
-from llmgw.router.balancer import Pool, Replica
-from llmgw.router.lag import KEEP, LagMeter, watch_lag
+from llmgw.router.connection.lag import KEEP, LagMeter, watch_lag
+from llmgw.router.routing.admission import Gate, Refused
+from llmgw.router.routing.balancer import Pool, Replica
 
 # ---- LagMeter -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import trio
 
 from llmgw.config.router import RouterConfig, RouterKeysConfig
 from llmgw.http1.request import Request
-from llmgw.router.http import ClientConn
+from llmgw.router.connection.http import ClientConn
 from llmgw.router.service import Router
 
 

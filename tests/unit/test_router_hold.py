@@ -1,6 +1,6 @@
 """The router's side of autoscale (issue 25): router.toml's keys, requests held for a
-model at zero (router/hold.py, on trio's autojump clock) and the load report's figures
-(router/load_report.py)."""
+model at zero (router/routing/hold.py, on trio's autojump clock) and the load report's figures
+(router/routing/load_report.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from test_router_config_admission import write
 
 from llmgw.config.load_router import load_router_config
 from llmgw.errors import ConfigError
-from llmgw.router.hold import HoldRefused, Holds
-from llmgw.router.load_report import LoadCounter, report_load
-from llmgw.router.table import EndpointTable
+from llmgw.router.routing.hold import HoldRefused, Holds
+from llmgw.router.routing.load_report import LoadCounter, report_load
+from llmgw.router.routing.table import EndpointTable
 from llmgw.transport.requests import LoadReportOp, ModelLoad
 
 

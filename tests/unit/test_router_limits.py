@@ -13,7 +13,7 @@ import trio
 
 from llmgw.model.apikey import ApiKeyRecord, Budget, hash_secret
 from llmgw.router.errors import ApiError
-from llmgw.router.limits import DEFAULT_MAX_TOKENS, Limiter, estimate
+from llmgw.router.tenants.limits import DEFAULT_MAX_TOKENS, Limiter, estimate
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.tenants.limits import LimitBooks
 from llmgw.transport.apikey_ops import LeaseOp, LimitKind

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from llmgw.cli import build_parser
 from llmgw.ctl import usage as ctl_usage
 from llmgw.model.usage import UsageRow
-from llmgw.router.usage import UsageMeter, UsageTap, read_usage, with_usage
+from llmgw.router.tenants.usage import UsageMeter, UsageTap, read_usage, with_usage
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.store.sql import Store
 from llmgw.server.tenants.apikeys import ApiKeys
@@ -218,7 +218,7 @@ def test_ctl_usage_table_and_csv() -> None:
 
 
 def test_usage_body() -> None:
-    from llmgw.router.usage import usage_body
+    from llmgw.router.tenants.usage import usage_body
 
     raw = b' {"model": "m", "stream": true}'
     out = usage_body(json.loads(raw), raw)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.router.slots import SlotLease, SlotWallet
+from llmgw.router.tenants.slots import SlotLease, SlotWallet
 from llmgw.server.tenants.slots import RETRY, SlotBook
 
 TTL = 10.0

@@ -16,7 +16,7 @@ import trio
 from llmgw.errors import ProtocolError, RequestFailedError
 from llmgw.model.apikey import ApiKeyRecord, hash_secret
 from llmgw.router.errors import ApiError
-from llmgw.router.limits import Charge, Limiter
+from llmgw.router.tenants.limits import Charge, Limiter
 from llmgw.server.peers.sessions import Peer
 from llmgw.server.tenants.limits import SLOT_TTL, LimitBooks
 from llmgw.transport.apikey_ops import MAX_HELD, MAX_LIMIT, LeaseOp, LeaseResult, LimitKind

@@ -19,7 +19,7 @@ from llmgw.config.duration import parse_duration
 from llmgw.ctl.render import table
 from llmgw.errors import ConfigError, UsageError
 from llmgw.model.apikey import SECRET_BYTES, SHOWN, Budget, check_name, hash_secret, make_secret
-from llmgw.router.auth import parse_keys
+from llmgw.router.tenants.auth import parse_keys
 from llmgw.transport.apikey_ops import (
     ApiKeyCreateOp,
     ApiKeyImportOp,

@@ -12,5 +12,5 @@ trio shells (I/O only):
   client    get: a one-off GET (the agent's health probe, `llmgw dev`)
 
 The router's own shells (client connections, pooled engine connections) are in
-llmgw.router.http and llmgw.router.upstream. This face imports nothing.
+llmgw.router.connection.http and llmgw.router.connection.upstream. This face imports nothing.
 """

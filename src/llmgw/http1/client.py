@@ -1,6 +1,6 @@
 """One-off HTTP/1.1 exchanges over trio (`Connection: close`), read with ResponseParser:
 the agent's /health probe and its LoRA adapter calls, and `llmgw dev`'s checks of its own
-router. (The router's own engine connections are pooled: llmgw.router.upstream.)"""
+router. (The router's own engine connections are pooled: llmgw.router.connection.upstream.)"""
 
 from __future__ import annotations
 

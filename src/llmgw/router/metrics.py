@@ -110,7 +110,7 @@ class _Collector:
             "given that time back instead of being counted against the engine.",
             value=m.forgiven(),
         )
-        yield from m.tenants()  # API keys, usage and limits (router/tenant_metrics.py)
+        yield from m.tenants()  # API keys, usage and limits (router/tenants/metrics.py)
 
 
 class RouterMetrics:

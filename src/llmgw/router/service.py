@@ -24,27 +24,28 @@ from llmgw.errors import ListenError, ProtocolError
 from llmgw.logbound import Throttle, clip
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.rlimit import raise_nofile
-from llmgw.router import errors, sockio
-from llmgw.router.admission import Gate, Refused
-from llmgw.router.auth import ApiKey, KeyFile
-from llmgw.router.balancer import Replica, prefix_key
+from llmgw.router import errors
+from llmgw.router.connection import sockio
+from llmgw.router.connection.http import ClientConn, H1Error, Request
+from llmgw.router.connection.jsondepth import MAX_DEPTH, too_deep
+from llmgw.router.connection.lag import LagMeter, watch_lag
+from llmgw.router.connection.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
 from llmgw.router.errors import ApiError
-from llmgw.router.hold import HoldRefused, Holds
-from llmgw.router.http import ClientConn, H1Error, Request
-from llmgw.router.jsondepth import MAX_DEPTH, too_deep
-from llmgw.router.keytable import KeySource, KeyTable, poll_keys
-from llmgw.router.lag import LagMeter, watch_lag
-from llmgw.router.limits import Charge, LeaseAsk, Limiter, estimate
-from llmgw.router.load_report import LoadCounter, report_load
-from llmgw.router.loadwatch import watch_load
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.table import EndpointTable
-from llmgw.router.tenant_metrics import tenant_families
-from llmgw.router.tenants import tenant_sources
-from llmgw.router.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
-from llmgw.router.usage import UsageMeter, UsageTap, usage_body
-from llmgw.router.usage_report import UsageSink, report_usage
+from llmgw.router.routing.admission import Gate, Refused
+from llmgw.router.routing.balancer import Replica, prefix_key
+from llmgw.router.routing.hold import HoldRefused, Holds
+from llmgw.router.routing.load_report import LoadCounter, report_load
+from llmgw.router.routing.loadwatch import watch_load
+from llmgw.router.routing.table import EndpointTable
+from llmgw.router.tenants.auth import ApiKey, KeyFile
+from llmgw.router.tenants.keytable import KeySource, KeyTable, poll_keys
+from llmgw.router.tenants.limits import Charge, LeaseAsk, Limiter, estimate
+from llmgw.router.tenants.metrics import tenant_families
+from llmgw.router.tenants.sources import tenant_sources
+from llmgw.router.tenants.usage import UsageMeter, UsageTap, usage_body
+from llmgw.router.tenants.usage_report import UsageSink, report_usage
 from llmgw.transport.follow import LeaderClient
 from llmgw.transport.requests import EndpointsOp, LoadReportOp
 
@@ -507,7 +508,7 @@ async def serve_router(
             if usage_sink is not None:
                 nursery.start_soon(report_usage, router.usage, usage_sink,
                                    config.usage_report_interval)
-            if lease_ask is not None:  # a new leader learns of our grants (router/limits.py)
+            if lease_ask is not None:  # a new leader learns of our grants (router/tenants/limits.py)
                 nursery.start_soon(router.limiter.keep_terms)
             nursery.start_soon(
                 watch_load,

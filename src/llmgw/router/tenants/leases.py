@@ -1,4 +1,4 @@
-"""The router's lease conversation with the leader (issue 24), for router/limits.py's
+"""The router's lease conversation with the leader (issue 24), for router/tenants/limits.py's
 admission: the asks (a lease's slice, or nothing), the leader's term, a new term's hold and
 the declarations it waits for, the renewal of concurrency slots, the give-back of what ran
 out, and whether the server is reachable (server/tenants/limits.py is the other end).
@@ -29,12 +29,12 @@ from attrs import define, field
 
 from llmgw.errors import LlmgwError
 from llmgw.model.apikey import ApiKeyRecord
-from llmgw.router.slots import SlotWallet
-from llmgw.router.wallet import Wallet
+from llmgw.router.tenants.slots import SlotWallet
+from llmgw.router.tenants.wallet import Wallet
 from llmgw.transport.apikey_ops import MAX_HELD, NO_TERM, Held, LeaseOp, LeaseResult, LimitKind, Unused
 from llmgw.transport.codec import structure_result
 
-log = logging.getLogger("llmgw.router.limits")  # the limits' log, as before the split
+log = logging.getLogger("llmgw.router.tenants.limits")  # the limits' log, as before the split
 
 LeaseAsk = Callable[[LeaseOp], Awaitable[Mapping[str, Any] | None]]
 LOST_FOR = 2.0  # seconds without asks after the server did not answer
@@ -52,7 +52,7 @@ class Gate:
     refused_until: dict[LimitKind, tuple[float, float]] = field(factory=dict)
     locks: dict[LimitKind, trio.Lock] = field(factory=dict)
     slots: SlotWallet = field(factory=SlotWallet)
-    # Admission's plan for the key record it was made for (router/limits.py `_plan`): per
+    # Admission's plan for the key record it was made for (router/tenants/limits.py `_plan`): per
     # limit (kind, wallet, charged per token, limit), and (wallet, per token) alone.
     plan_key: ApiKeyRecord | None = None
     plan: tuple[tuple[LimitKind, Wallet, bool, int], ...] = ()

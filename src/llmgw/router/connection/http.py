@@ -25,7 +25,7 @@ from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_resch
 
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import Request, RequestParser
-from llmgw.router import sockio
+from llmgw.router.connection import sockio
 
 __all__ = ["ClientConn", "H1Error", "Request"]
 

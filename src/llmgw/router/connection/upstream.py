@@ -34,13 +34,13 @@ from llmgw.http1.chunked import ChunkedReader
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import Request
 from llmgw.http1.response import ResponseHead, ResponseParser
-from llmgw.router import sockio
-from llmgw.router.balancer import Replica
+from llmgw.router.connection import sockio
+from llmgw.router.connection.http import ClientConn
+from llmgw.router.connection.lag import LagMeter
 from llmgw.router.errors import sse_error_event
-from llmgw.router.http import ClientConn
-from llmgw.router.lag import LagMeter
 from llmgw.router.metrics import RouterMetrics
-from llmgw.router.usage import UsageTap
+from llmgw.router.routing.balancer import Replica
+from llmgw.router.tenants.usage import UsageTap
 
 
 class ConnectFailed(OSError):

@@ -21,7 +21,7 @@ import attrs
 
 from llmgw.errors import ConfigError
 
-log = logging.getLogger("llmgw.router.auth")
+log = logging.getLogger("llmgw.router.tenants.auth")
 
 
 @attrs.frozen

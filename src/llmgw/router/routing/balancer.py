@@ -74,7 +74,7 @@ class Replica:
         self.port = 0
         self.authority = b""
         # The header line that carries the engine's own key upstream (issue 30), set
-        # from the endpoint table (router/table.py); b"": the engine has none.
+        # from the endpoint table (router/routing/table.py); b"": the engine has none.
         self.auth = b""
         self.set_url(url)
 

@@ -1,6 +1,6 @@
 """Per-key limits at the router (issue 24): rpm, tpm and budgets spent from leases the
-server grants (router/wallet.py; the server's side is server/tenants/limits.py), and concurrent
-requests counted here. The asks, the leader's terms and the renewals are router/leases.py's.
+server grants (router/tenants/wallet.py; the server's side is server/tenants/limits.py), and concurrent
+requests counted here. The asks, the leader's terms and the renewals are router/tenants/leases.py's.
 
 Admission costs no round trip while the router holds enough of a lease; when it runs low
 it asks for a slice (a twentieth of the limit, at least what the request needs), one ask
@@ -16,7 +16,7 @@ misses). A request whose estimate alone is over the key's tpm or budget is refus
 front, not after.
 
 Concurrency is exact across routers too: the server leases slots (server/tenants/slots.py
-has the argument; router/slots.py the router's side). A request starts while the router
+has the argument; router/tenants/slots.py the router's side). A request starts while the router
 runs fewer of the key's requests than the slots it holds, with no round trip; a router
 that is full asks for more (a twentieth of the concurrency, at least one; one ask per key
 at a time, a refusal kept for a second as for rates: 429 `rate_limit_exceeded`, "concurrent
@@ -33,7 +33,7 @@ server: the router counts concurrency alone, as routers did before slots, and sa
 once; it asks again a minute later.
 
 Across a change of leader, a request that needs a lease waits for a new term's hold
-(router/leases.py); if the term still holds, 503 `limits_unavailable` (`_held`).
+(router/tenants/leases.py); if the term still holds, 503 `limits_unavailable` (`_held`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from llmgw.errors import LlmgwError, ProtocolError, RequestFailedError
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.model.leases import Grant
 from llmgw.router.errors import ApiError
-from llmgw.router.leases import PROBE_EVERY, Gate, LeaseAsk, Leases
-from llmgw.router.slots import SlotLease, SlotWallet
-from llmgw.router.wallet import Wallet
+from llmgw.router.tenants.leases import PROBE_EVERY, Gate, LeaseAsk, Leases
+from llmgw.router.tenants.slots import SlotLease, SlotWallet
+from llmgw.router.tenants.wallet import Wallet
 from llmgw.transport.apikey_ops import LimitKind
 
 __all__ = ["DEFAULT_MAX_TOKENS", "SLICE", "Charge", "LeaseAsk", "Limiter", "estimate", "quota",
@@ -276,7 +276,7 @@ class Limiter:
             raise self._refusal(key, kind, limit, 1.0)  # fewer than the request needs
 
     async def keep_terms(self, every: float = PROBE_EVERY) -> None:
-        """router/leases.py's probe of the leader and renewal of slots; runs until
+        """router/tenants/leases.py's probe of the leader and renewal of slots; runs until
         cancelled."""
         await self.leases.keep_terms(every)
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-from llmgw.router.table import EndpointTable
+from llmgw.router.routing.table import EndpointTable
 from llmgw.transport.requests import MAX_REPORTED_MODELS, LoadReportOp, ModelLoad
 
 log = logging.getLogger("llmgw.router.load")

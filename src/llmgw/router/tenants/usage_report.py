@@ -1,5 +1,5 @@
 """Sending the router's usage to the server every `usage_report_interval` (issue 24): the
-trio shell around UsageMeter (router/usage.py). A batch that failed is sent again, with
+trio shell around UsageMeter (router/tenants/usage.py). A batch that failed is sent again, with
 its id, until the server has it; on shutdown the last one gets a short, shielded try."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from llmgw.router.usage import UsageMeter
+from llmgw.router.tenants.usage import UsageMeter
 from llmgw.transport.apikey_ops import UsageReportOp
 
-log = logging.getLogger("llmgw.router.usage")
+log = logging.getLogger("llmgw.router.tenants.usage")
 
 UsageSink = Callable[[UsageReportOp], Awaitable[object]]
 LAST_TRY = 2.0  # seconds a stopping router gives its last batch

@@ -12,7 +12,7 @@ from llmgw.config.router import RouterConfig
 from llmgw.transport.apikey_ops import KeyTableOp, LeaseOp, UsageReportOp
 from llmgw.transport.follow import LeaderClient
 
-LEASE_TIMEOUT = 1.0  # a request waits for it (router/limits.py gives up after 1 s anyway)
+LEASE_TIMEOUT = 1.0  # a request waits for it (router/tenants/limits.py gives up after 1 s anyway)
 
 
 def tenant_sources(config: RouterConfig, request: Callable[..., Awaitable[Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from llmgw.router.balancer import Pool, Replica
+from llmgw.router.routing.balancer import Pool, Replica
 from llmgw.transport.codec import structure_result
 from llmgw.transport.requests import EndpointsResult
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from llmgw.router.balancer import Replica
+from llmgw.router.routing.balancer import Replica
 
-log = logging.getLogger("llmgw.router.loadwatch")
+log = logging.getLogger("llmgw.router.routing.loadwatch")
 
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "sglang_num_running_reqs")
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "sglang_num_queue_reqs")

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from llmgw.router.keytable import KeyTable
-from llmgw.router.limits import Limiter
-from llmgw.router.usage import UsageMeter
+from llmgw.router.tenants.keytable import KeyTable
+from llmgw.router.tenants.limits import Limiter
+from llmgw.router.tenants.usage import UsageMeter
 
 
 def tenant_families(table: KeyTable, limiter: Limiter, meter: UsageMeter,
