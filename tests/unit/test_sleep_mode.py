@@ -4,14 +4,18 @@ simulated engine reads the same flag and variable."""
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import pytest
+import trio
 from attrs import evolve
 
 from fakes.cluster import cluster, node
 from llmgw.agent.engines import build_plan
 from llmgw.agent.engines.vllm import DEV_MODE_ENV, SLEEP_FLAG
+from llmgw.agent.lifecycle import sleep as engine_sleep
 from llmgw.config.agent import AgentConfig, EnginesConfig, KeysConfig, VllmConfig
 from llmgw.config.deployment import parse_deployment
 from llmgw.errors import DeploymentError, UsageError
@@ -151,3 +155,41 @@ def test_replicas_take_asleep_in_place_and_leave_the_table() -> None:
     assert parse_deployment(evolve(d, asleep=True).plain(), "wire").asleep  # stored as it travels
     with pytest.raises(DeploymentError, match="asleep: needs autoscale.sleep_when_idle"):
         parse_deployment({**deployment(), "asleep": True}, "a.yaml")
+
+
+async def test_sleep_and_wake_read_only_the_status_as_vllm_before_0_32_answers() -> None:
+    """vLLM before 0.32 (api_server.py, then entrypoints/serve/sleep/api_router.py) answers
+    POST /sleep and /wake_up with an empty 200; only /is_sleeping has a body."""
+    asleep = False
+    seen: list[str] = []
+
+    async def old_vllm(stream: trio.SocketStream) -> None:
+        nonlocal asleep
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = await stream.receive_some(4096)
+            if not chunk:
+                return
+            head += chunk
+        method, target = head.split(b" ", 2)[:2]
+        path = target.decode().split("?", 1)[0]
+        seen.append(f"{method.decode()} {path}")
+        body = b""
+        if path == "/sleep":
+            asleep = True
+        elif path == "/wake_up":
+            asleep = False
+        elif path == "/is_sleeping":
+            body = json.dumps({"is_sleeping": asleep}).encode()
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, old_vllm, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(10):
+            await engine_sleep.sleep("127.0.0.1", port, timeout=5)
+            assert asleep
+            await engine_sleep.wake("127.0.0.1", port, timeout=5)
+        assert not asleep
+        nursery.cancel_scope.cancel()
+    assert seen == ["POST /sleep", "POST /wake_up", "GET /is_sleeping"]

@@ -7,8 +7,8 @@ VLLM_SERVER_DEV_MODE=1; the engine started with --enable-sleep-mode):
   scheduler, not refused.
 - `POST /wake_up`: memory back; 200.
 - Only the status is read: 0.32 answers {"status": "sleeping", "level": 1} and
-  {"status": "awake"|"sleeping", "tags": ...}, but earlier vLLM (serve/dev's router
-  before the sleep module, and api_server.py before it) answers both with an empty 200;
+  {"status": "awake"|"sleeping", "tags": ...}, but earlier vLLM (entrypoints/serve/
+  sleep/api_router.py, and api_server.py before it) answers both with an empty 200;
   whether the engine sleeps is asked of /is_sleeping, which every version answers.
 - `GET /is_sleeping`: {"is_sleeping": bool}; the engine is ready again when it says false.
 
