@@ -1,5 +1,5 @@
 """Wheels for the GPU check's machine: llmgw's own and its runtime dependencies', for a
-machine with no network and no package index (bench/gpu_check.py, README's GPU section).
+machine with no network and no package index (bench/gpu_check.py; docs/gpus.md, "The GPU check").
 
 Run here, where the package index is reachable:
 
