@@ -2,7 +2,7 @@
 
 This is the one place that turns LlmgwError into a message and an exit status; an
 operator's mistake never shows a traceback. Every message reads `llmgw: <message>`, on
-one line, and the statuses are those of llmgw.errors (README.md, "Exit codes"). A bare
+one line, and the statuses are those of llmgw.errors (docs/operating.md, "Exit codes"). A bare
 `llmgw`, `llmgw ctl`, `llmgw keys` or `llmgw config` prints its help and exits 0.
 """
 

@@ -3,7 +3,7 @@
 Each carries a message fit for the operator. The CLI turns them into text and an exit
 status in one place (cli.py); nothing else prints tracebacks for them.
 
-The exit statuses, chosen here once (README.md, "Exit codes", lists them):
+The exit statuses, chosen here once (docs/operating.md, "Exit codes", lists them):
 """
 
 from __future__ import annotations
