@@ -83,11 +83,8 @@ PURE = (
     "llmgw.agent.**.adapters",
     "llmgw.agent.**.claims",
     "llmgw.agent.**.release",
-    "llmgw.http1.grammar",
-    "llmgw.http1.chunked",
-    "llmgw.http1.request",
-    "llmgw.http1.response",
-    "llmgw.http1.listen",
+    "llmgw.http1",
+    "llmgw.http1.*",
     "llmgw.transport.messages",
     "llmgw.transport.requests",
     "llmgw.kvcache",
@@ -95,6 +92,12 @@ PURE = (
     "llmgw.router.**.wallet",
     "llmgw.router.**.slots",
     "llmgw.router.**.jsondepth",
+)
+
+# The trio shells inside a pure folder, left out of PURE's patterns.
+SHELLS = (
+    "llmgw.http1.serve",  # the small listener on a port
+    "llmgw.http1.client",  # a one-off GET
 )
 
 # Leaves whose whole import set is pinned: the GPU health table reads NVML's numbers into
@@ -258,7 +261,8 @@ def matching(patterns: Iterable[str], modules: Iterable[str]) -> dict[str, list[
 
 
 def pure_modules() -> list[str]:
-    return sorted({m for found in matching(PURE, source().modules).values() for m in found})
+    shells = {m for found in matching(SHELLS, source().modules).values() for m in found}
+    return sorted({m for found in matching(PURE, source().modules).values() for m in found} - shells)
 
 
 def impurities(src: Source, module: str) -> list[str]:
@@ -378,7 +382,7 @@ def test_the_floor_check_would_see_an_upward_import(tmp_path: Path) -> None:
 
 
 def test_every_pure_pattern_names_a_module() -> None:
-    assert [p for p, found in matching(PURE, source().modules).items() if not found] == []
+    assert [p for p, found in matching(PURE + SHELLS, source().modules).items() if not found] == []
 
 
 @pytest.mark.parametrize("module", pure_modules())

@@ -202,14 +202,3 @@ def test_nothing_ever_seen_set_is_never_a_reset() -> None:
                                                       ecc_uncorrected_volatile=0))
         assert not reset
 
-
-def test_health_module_is_pure() -> None:
-    import ast
-    from pathlib import Path
-
-    import llmgw.agent.discovery.gpu_health as mod
-
-    tree = ast.parse(Path(mod.__file__).read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert names <= {"__future__", "attrs", "collections.abc", "llmgw.model.inventory"}

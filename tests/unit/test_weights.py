@@ -1,9 +1,9 @@
 """Which weights an engine loads (issue 23): a copy the node's scan found, by path, or a
-download into download_dir; the config key; the pure core stays pure."""
+download into download_dir; the config key. (That the core stays pure is
+tests/unit/test_architecture.py's.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -193,12 +193,3 @@ def test_load_download_dir_key(tmp_path: Path) -> None:
         load_agent_config(_agent_yaml(tmp_path, 'download_dir: "  "\n'))
     with pytest.raises(ConfigError, match="download_dir"):
         load_agent_config(_agent_yaml(tmp_path, "download_dir: [1]\n"))
-
-
-def test_weights_module_is_a_pure_core() -> None:
-    path = Path(__file__).with_name("test_pure_cores.py")
-    spec = importlib.util.spec_from_file_location("_pure_cores", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert mod._closure("llmgw.agent.engines.weights") == {}

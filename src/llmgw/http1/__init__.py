@@ -1,6 +1,6 @@
 """HTTP/1.1 for llmgw: the sans-IO core and the small trio shells around it.
 
-Pure (no sockets, no clock; fenced by tests/unit/test_pure_cores.py):
+Pure (no sockets, no clock; fenced by tests/unit/test_architecture.py):
   grammar   limits, H1Error, the head patterns and the one header-field loop
   chunked   the one reader of chunked framing (relayed, gathered or whole)
   request   RequestParser: a client's requests, bodies read
