@@ -18,9 +18,9 @@ The contract is the engines' own code (vLLM 0.32, vllm/distributed/kv_events.py)
 - Block hashes are `ExternalBlockHash = bytes | int` (vllm/v1/core/kv_cache_utils.py:71):
   kept as opaque hashable values.
 - One `BlockStored` may carry several blocks: `token_ids` then spans them all
-  (vllm/v1/core/block_pool.py:298-310, 363-374); null or masked blocks (sliding window,
+  (vllm/v1/core/block_pool.py:311-313, 363-374); null or masked blocks (sliding window,
   Mamba) are left out of `block_hashes` but not of `token_ids`, so the two need not line
-  up (block_pool.py:272-279). Blocks reused from the prefix cache are announced again as
+  up (block_pool.py:273-278). Blocks reused from the prefix cache are announced again as
   `BlockStored` (block_pool.py:546, `emit_cached_block_events`).
 - Replay: a subscriber sends the first seq it wants, 8 bytes big-endian, to the replay
   ROUTER socket (kv_events.py:513-518); 0.32 answers `[b"", topic, seq, payload]` per
