@@ -14,12 +14,13 @@ import os
 import re
 import signal
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn
 
 import trio
 
-from llmgw.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, LlmgwError, UsageError
+from llmgw.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, InternalError, LlmgwError, UsageError
 
 log = logging.getLogger("llmgw")
 
@@ -326,6 +327,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if _leaf(exc, KeyboardInterrupt) is not None:
             return EXIT_INTERRUPTED
         err = _leaf_error(exc)
+        if isinstance(err, InternalError):  # a bug of ours: its traceback, for the report
+            traceback.print_exception(err, file=sys.stderr)
+            print(f"llmgw: internal error: {err}", file=sys.stderr)
+            return err.exit_code
         if err is not None:
             print(f"llmgw: {err}", file=sys.stderr)
             return err.exit_code

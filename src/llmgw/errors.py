@@ -22,6 +22,12 @@ class LlmgwError(Exception):
     exit_code = EXIT_FAILED
 
 
+class InternalError(LlmgwError):
+    """A bug of ours (a lifecycle table asked for a transition it does not have), not the
+    operator's mistake: logged with its traceback by the shell that caught it, and by the
+    CLI when it ends a command."""
+
+
 class UsageError(LlmgwError):
     """A command line that does not make sense."""
 

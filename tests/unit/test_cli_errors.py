@@ -239,3 +239,21 @@ def test_agent_derives_its_bootstrap_interface_from_mgmt_addr(tmp_path: Path, go
     config = load_agent_config(str(path))
     assert config.mgmt_interface == ""
     assert with_mgmt_interface(config).mgmt_interface == "lo"
+
+
+def test_an_internal_error_ends_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug of ours (a lifecycle table asked for a row it has not) is no operator's
+    mistake: the CLI prints its traceback, then the one line."""
+    from llmgw import cli
+    from llmgw.agent.lifecycle.states import EngineEvent, next_state
+
+    def bug(args: argparse.Namespace) -> None:
+        next_state(None, EngineEvent.HEALTH_OK)
+
+    monkeypatch.setattr(cli, "cmd_agent", bug)
+    assert main(["agent", "--config", "agent.yaml"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in bug" in err
+    assert err.rstrip().endswith(
+        "llmgw: internal error: engine event 'health_ok' is not valid in state 'not started'")

@@ -13,15 +13,23 @@ as and that the server hears of it), so the phase keeps it rather than a flag be
 
 Pairs that arrive late through a race (a health result after a stop was asked, a
 startup timer that fires just after the first 200) are listed as no-ops; any pair not in
-the table is a bug and raises InvalidTransition. The same API as the replica and node
-tables: TRANSITIONS, next_state, one typed error.
+the table is a bug and raises InvalidTransition, an internal error (logged with its
+traceback by the shell, never shown as an operator's mistake). The same API as the
+replica and node tables: TRANSITIONS, next_state, one typed error.
+
+`EngineLifecycle` holds one engine's phase and what is kept beside it: the stop asked
+and why, the failure and why. Its rules live here, not in the supervisor: a failure
+asks the engine's stop (FAILURE_STOPS), the exit's reason is composed in one order, and
+whether the server hears of the exit follows from the failure and the stop.
 """
 
 from __future__ import annotations
 
 import enum
 
-from llmgw.errors import EngineError
+from attrs import define
+
+from llmgw.errors import InternalError
 from llmgw.model.engine import EngineState
 
 
@@ -53,7 +61,7 @@ class EngineEvent(enum.StrEnum):
     EXITED = "exited"  # the process is gone (exit code or signal)
 
 
-class InvalidTransition(EngineError):
+class InvalidTransition(InternalError):
     """An event that cannot happen in the engine's current phase: a bug of ours."""
 
     def __init__(self, phase: Phase | None, event: EngineEvent) -> None:
@@ -95,6 +103,9 @@ TRANSITIONS: dict[tuple[Phase | None, EngineEvent], Phase] = {
     (P.FAILED, E.HEALTH_FAIL): P.FAILED,
     (P.FAILED, E.STARTUP_TIMEOUT): P.FAILED,
     (P.FAILED, E.PORT_CONFLICT): P.FAILED,
+    # Its leader exited before the stop its failure asked took hold: it was never
+    # serving (or no longer is), nothing to take back.
+    (P.FAILED, E.LEADER_EXITED): P.FAILED,
     (P.FAILED, E.STOP_REQUESTED): P.FAILED_STOPPING,
     (P.FAILED, E.EXITED): P.EXITED,
     **{(p, e): p for p in (P.STOPPING, P.FAILED_STOPPING)
@@ -128,3 +139,81 @@ def reported(phase: Phase) -> EngineState:
 def is_live(phase: Phase | None) -> bool:
     """Whether a process may still be running in this phase."""
     return phase in LIVE
+
+
+# The events by which an engine fails (the table's way into FAILED), and what the stop
+# that its failure asks at once says: FAILED => stop, one rule.
+FAILURE_STOPS: dict[EngineEvent, str] = {
+    E.STARTUP_TIMEOUT: "failed to start in time",
+    E.PORT_CONFLICT: "its port is answered by another process",
+}
+
+
+@define(frozen=True)
+class Move:
+    """What one event did to an engine: its phase before and after, and whether the shell
+    must stop the engine now (it has just failed)."""
+
+    was: Phase | None
+    now: Phase
+    stop: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return self.now is not self.was
+
+
+@define
+class EngineLifecycle:
+    """One engine's phase and the flags beside it, moved only by `handle` and
+    `request_stop`. Pure: the shell turns `Move.stop` into its signal to the stopper."""
+
+    phase: Phase | None = None
+    stop_asked: bool = False
+    stop_reason: str = ""
+    failed: bool = False
+    # Why it failed: its exit's reason, which the stop that follows does not replace.
+    failure: str = ""
+
+    def handle(self, event: EngineEvent, why: str = "") -> Move:
+        """Move through the table; an event that makes it FAILED keeps `why` as the
+        failure (the first failure's: a later one is a no-op of the table) and asks its
+        stop."""
+        was = self.phase
+        self.phase = next_state(was, event)
+        if self.phase is not P.FAILED or was in FAILING:
+            return Move(was, self.phase)
+        self.failed = True
+        self.failure = why
+        self.request_stop(FAILURE_STOPS[event])
+        return Move(was, self.phase, stop=True)
+
+    def request_stop(self, reason: str) -> None:
+        """A stop is asked (the desired set, or a failure); the latest reason is said."""
+        self.stop_asked = True
+        self.stop_reason = reason
+
+    def died_starting(self) -> bool:
+        """Whether it is ending before its first 200 with no stop asked: its exit may be
+        explained by its port or its weights."""
+        return self.phase is P.STARTING and not self.stop_asked
+
+    def exit_reason(self, *, code: int | None, killed: bool, stop_timeout: float,
+                    port_taken: str = "") -> str:
+        """Why it exited, in this order: its failure, its port taken by another process
+        while it started, the stop asked (with the SIGKILL if one was needed), its exit code."""
+        if self.failed:
+            return self.failure
+        if port_taken:
+            return port_taken
+        if self.stop_asked:
+            reason = f"stopped: {self.stop_reason}"
+            return reason + (f" (SIGKILL after {stop_timeout:g}s)" if killed else "")
+        if code is None:
+            return "exited (exit code unknown: adopted process)"
+        return f"exited with code {code}"
+
+    def server_hears(self) -> bool:
+        """Whether its exit is kept for the server (reports() and Hello): an exit of its
+        own or a failure, not a stop the server asked for."""
+        return not self.stop_asked or self.failed
