@@ -12,7 +12,6 @@ import trio
 from test_supervisor_gpus import cfg, prefix, spec  # noqa: F401  (prefix: a fixture)
 
 from fakes.supervision import PlanLog, Reports
-from llmgw.agent.lifecycle import supervisor
 from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.engine import EngineSpec, EngineState
 
@@ -31,9 +30,9 @@ async def _fails(tmp_path: Path, s: EngineSpec, argv: tuple[str, ...],
     async def never(*args: object, **kwargs: object) -> bool:
         return False
 
-    monkeypatch.setattr(supervisor, "http_health", never)
     reports = Reports()
-    sv = Supervisor(cfg(tmp_path, health_interval=0.1, **sup), reports, plan=PlanLog(argv, health=True))
+    sv = Supervisor(cfg(tmp_path, health_interval=0.1, **sup), reports, plan=PlanLog(argv, health=True),
+                    health_probe=never)
     async with trio.open_nursery() as nursery:
         await nursery.start(sv.serve)
         t0 = trio.current_time()

@@ -18,7 +18,6 @@ from fakes.engines import free_port
 from fakes.supervision import GIB, FakeGpus, PlanLog, Reports, gpu
 from fakes.supervisor_proc import config
 from llmgw.agent.gpus.memory import GpuMemory
-from llmgw.agent.lifecycle import supervisor
 from llmgw.agent.lifecycle.records import LOG, read_records
 from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.agent.process import procs
@@ -150,13 +149,13 @@ async def test_gpus_release_only_once_the_memory_is_back(tmp_path: Path, prefix:
     """The engine's process is gone but the driver still lists it (stuck): its GPU stays
     releasing, a start placed there meanwhile is refused, and once the memory is back the
     GPU is released and the start goes through."""
-    monkeypatch.setattr(supervisor, "START_RELEASE_WAIT", 0.3)
     gpus = FakeGpus(gpu("GPU-a", 3))
     reports = Reports()
     changes: list[dict[str, str]] = []
     sup: Supervisor
     sup = Supervisor(cfg(tmp_path), reports, plan=PlanLog(), gpu_memory=gpus,
                      on_gpus_changed=lambda: changes.append(sup.releasing()))
+    sup.releases.start_wait = 0.3
     first = spec(f"{prefix}a", "GPU-a")
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.serve)
@@ -219,9 +218,9 @@ async def test_probe_timeout_is_the_setting_and_longer_for_sglang(
         asked.append(timeout)
         return True
 
-    monkeypatch.setattr(supervisor, "http_health", fake_health)
     reports = Reports()
-    sup = Supervisor(cfg(tmp_path, health_timeout=7.0), reports, plan=PlanLog(health=True))
+    sup = Supervisor(cfg(tmp_path, health_timeout=7.0), reports, plan=PlanLog(health=True),
+                     health_probe=fake_health)
     vllm = spec(f"{prefix}v")
     sglang = spec(f"{prefix}s", engine=EngineKind.SGLANG)
     async with trio.open_nursery() as nursery:
@@ -243,10 +242,10 @@ async def _fails(tmp_path: Path, s: EngineSpec, argv: tuple[str, ...], monkeypat
                     key: str = "") -> bool:
         return False
 
-    monkeypatch.setattr(supervisor, "http_health", never)
     reports = Reports()
     sv = Supervisor(cfg(tmp_path, health_interval=0.1, **sup), reports,
-                    plan=PlanLog(argv, health=True), model_size=lambda model: size)
+                    plan=PlanLog(argv, health=True), model_size=lambda model: size,
+                    health_probe=never)
     async with trio.open_nursery() as nursery:
         await nursery.start(sv.serve)
         t0 = trio.current_time()

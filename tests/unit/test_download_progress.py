@@ -14,7 +14,6 @@ import trio
 from fakes.engines import free_port
 from fakes.supervision import Reports
 from fakes.supervisor_proc import config
-from llmgw.agent.lifecycle import supervisor as supervisor_mod
 from llmgw.agent.lifecycle.download_progress import DownloadProgress, downloaded, read_listing, repo_dir
 from llmgw.agent.lifecycle.startup_deadline import StartupDeadline
 from llmgw.agent.lifecycle.supervisor import Supervisor
@@ -68,7 +67,6 @@ def test_download_growth_extends_the_startup_deadline() -> None:
 
 async def test_supervisor_reports_the_bytes_on_disk(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(supervisor_mod, "DOWNLOAD_REPORT_EVERY", 0.2)
     work = tmp_path / "work"
     dl = tmp_path / "dl"
     cfg = attrs.evolve(config(str(work)), download_dir=str(dl))
@@ -77,6 +75,7 @@ async def test_supervisor_reports_the_bytes_on_disk(tmp_path: Path,
                       env={"LLMGW_SIM_LOAD_SECONDS": "60"})
     reports = Reports()
     sup = Supervisor(cfg, reports, storage=lambda: StorageReport(True, ()))
+    sup.health.download_report_every = 0.2
     async with trio.open_nursery() as nursery:
         await nursery.start(sup.serve)
         await sup.apply((spec,))
@@ -98,13 +97,13 @@ async def test_a_growing_download_keeps_a_quiet_engine_starting(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1.5 s of startup_timeout, an engine that logs nothing while it "loads": it lives on
     for as long as its download grows, and is given up on once that stops."""
-    monkeypatch.setattr(supervisor_mod, "DOWNLOAD_REPORT_EVERY", 0.2)
     dl = tmp_path / "dl"
     cfg = attrs.evolve(config(str(tmp_path / "work")), download_dir=str(dl))
     spec = EngineSpec("r2", 1, "tiny", "org/tiny", "tiny", EngineKind.SIMULATED, (), free_port(),
                       env={"LLMGW_SIM_LOAD_SECONDS": "60"}, startup_timeout=1.5)
     reports = Reports()
     sup = Supervisor(cfg, reports, storage=lambda: StorageReport(True, ()))
+    sup.health.download_report_every = 0.2
     blob = dl / "models--org--tiny" / "blobs" / "abc.incomplete"
     os.makedirs(blob.parent)
     async with trio.open_nursery() as nursery:

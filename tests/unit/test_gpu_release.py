@@ -10,7 +10,8 @@ from attrs import evolve
 from fakes.supervision import GIB, FakeGpus, gpu
 from llmgw.agent.gpus.memory import GpuMemory
 from llmgw.agent.gpus.release import SLACK_MIB, gib, release_reasons, state_text, still_held
-from llmgw.agent.lifecycle.supervisor import _Release, watch_release
+from llmgw.agent.lifecycle.releases import Release as _Release
+from llmgw.agent.lifecycle.releases import watch_release
 from llmgw.model.inventory import GpuProcess
 
 SESSION = frozenset({4242, 4243})

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmgw.agent.lifecycle.health import watch_health
+from llmgw.agent.lifecycle.health_watch import _new_bytes
 from llmgw.agent.lifecycle.startup_deadline import TAIL_MAX, StartupDeadline, says_progress
-from llmgw.agent.lifecycle.supervisor import _new_bytes
 
 # As vLLM 0.32's logger formats it (vllm/logger.py _FORMAT: "(%(vllm_process_name)s
 # pid=%(process)d) %(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s").

@@ -27,7 +27,7 @@ LINE = "org/tiny: local plain tree /data/models/org/tiny"
 
 async def test_report_record_and_logs_name_the_copy(tmp_path: Path,
                                                      caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="llmgw.agent.lifecycle.supervisor")
+    caplog.set_level(logging.INFO, logger="llmgw.agent.lifecycle")
     work = str(tmp_path)
     cfg = attrs.evolve(config(work), model_dirs=(ModelDirConfig("/data/models"),))
     spec = EngineSpec("r1", 1, "tiny", "org/tiny", "tiny", EngineKind.SIMULATED, (), free_port())
