@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1]) as f:
         plan = json.load(f)
-    # The collective pre-flight (issue 22: a gang member's, or a single-node tensor-parallel
+    # The collective pre-flight (a gang member's, or a single-node tensor-parallel
     # replica's), before anything of the engine runs.
     if plan.get("preflight") and not preflight_run.run(plan["preflight"]):
         return PREFLIGHT_EXIT

@@ -87,7 +87,7 @@ Probe = Callable[[], Awaitable[bool]]
 
 
 def key_headers(key: str) -> tuple[tuple[str, str], ...]:
-    """The header that carries an engine's own key (issue 30; none for ""): on every call
+    """The header that carries an engine's own key (engine keys; none for ""): on every call
     the agent makes to an engine, /health too, which both engines leave open (one rule
     for every call costs nothing there)."""
     return (("Authorization", f"Bearer {key}"),) if key else ()

@@ -1,4 +1,4 @@
-"""What the agent reports of an engine's pre-flight (issue 22): its phase and figures,
+"""What the agent reports of an engine's collective pre-flight: its phase and figures,
 from the result the launcher writes to the engine's folder (agent/insession/preflight_run.py).
 
 The supervisor says RUNNING from the spawn of an engine whose plan carries a probe until

@@ -46,7 +46,7 @@ class EngineRecord:
     # is back" means after it ends (gpu_release.still_held), for an adopted engine too.
     # Empty: not read (a record from before, or no GPU reader).
     gpu_free_before: tuple[int, ...] = ()
-    # The engine's own API key (issue 30; engines/keys.py says how the engine gets it):
+    # The engine's own API key (engine keys; engines/keys.py says how the engine gets it):
     # made before the spawn, kept here so that an adopting agent sends the same one.
     # "": a record from before keys (that engine was started without one).
     api_key: str = field(default="", repr=False)

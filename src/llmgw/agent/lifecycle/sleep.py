@@ -1,4 +1,4 @@
-"""Putting a vLLM engine to sleep and waking it (issue 25, autoscale.sleep_when_idle).
+"""Putting a vLLM engine to sleep and waking it (sleep when idle: autoscale.sleep_when_idle).
 
 vLLM 0.32 (entrypoints/serve/dev/sleep/api_router.py, mounted only with
 VLLM_SERVER_DEV_MODE=1; the engine started with --enable-sleep-mode):

@@ -47,7 +47,7 @@ class EngineCallError(Exception):
 async def call(host: str, port: int, method: str, path: str, payload: Any = None, *,
                timeout: float, key: str = "") -> tuple[int, bytes]:
     """(status, body) of one request; EngineCallError when no answer came. `key`: the
-    engine's own API key (issue 30), sent as `Authorization: Bearer`."""
+    engine's own API key (engine keys), sent as `Authorization: Bearer`."""
     body = b"" if payload is None else json.dumps(payload).encode()
     headers: tuple[tuple[str, str], ...] = (("Accept", "application/json"), *key_headers(key))
     if payload is not None:

@@ -55,7 +55,7 @@ def default_plan(config: AgentConfig, python: str, storage: StorageFn | None = N
             if spec.gang is not None and spec.gang.hcas:
                 nics = for_member(inv.gpus, inv.hcas, spec.gpus, spec.gang.hcas)
         probe = probe_command(spec, config, python) if settings_of(spec) else ("", "")
-        # Every engine the agent starts requires its own API key (issue 30), given at spawn.
+        # Every engine the agent starts requires its own API key (engine keys), given at spawn.
         return with_key(build_plan(spec, config, config.supervisor.work_dir, python=python,
                                    gpu_indices=gpu_indices, weights=weights, nics=nics,
                                    probe=probe, engine_version=version), spec)
