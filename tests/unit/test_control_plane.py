@@ -14,10 +14,14 @@ import trio
 from llmgw import PROTOCOL_VERSION
 from llmgw.config.server import ServerConfig
 from llmgw.logbound import Throttle, clip
+from llmgw.model.deployment import ReplicaState
 from llmgw.model.engine import EngineReport, EngineState
 from llmgw.model.inventory import Gpu, Inventory, NodeInfo
+from llmgw.model.node import NodeState
+from llmgw.server.peers.node_states import InvalidNodeTransition, NodeEvent
 from llmgw.server.peers.service import run_plane
 from llmgw.server.peers.sessions import TAIL_BYTES, ControlPlane, Outgoing
+from llmgw.server.reconcile.replica_states import InvalidReplicaTransition, ReplicaEvent
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (
@@ -229,8 +233,38 @@ async def test_a_handler_that_raises_costs_one_message(autojump_clock: trio.test
     assert not replies["broken"].ok and "internal error" in replies["broken"].error
     assert not replies["broken_later"].ok and "internal error" in replies["broken_later"].error
     assert any(isinstance(m, HeartbeatAck) and m.seq == 9 for _, m in t.sent)
-    assert cp.failed >= 2  # the synchronous handler and the hook; the deferred one too
+    assert cp.failed == 3  # the synchronous handler, the deferred one and the hook
     assert cp.nodes["n1"].connected
+
+
+async def test_a_lifecycle_tables_error_is_internal_not_the_operators(
+        autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture) -> None:
+    """An invalid transition is a bug of ours: the operator reads "internal error", the log
+    has the traceback; the table's own message is not handed out as a refusal's reason."""
+    cp = admin_plane(keyset(**{ADMIN: ("admin", "ops")}))
+
+    def broken(peer: Any, params: Any, now: float) -> Any:
+        raise InvalidReplicaTransition(ReplicaState.READY, ReplicaEvent.ADOPTED)
+
+    async def broken_later(peer: Any, params: Any, now: float) -> Any:
+        raise InvalidNodeTransition(NodeState.READY, NodeEvent.HEARD)
+
+    cp.ops[DescribeOp] = (frozenset({"admin"}), broken)
+    cp.ops[DeleteOp] = (frozenset({"admin"}), broken_later)
+    t = MemTransport()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_plane, cp, t)
+        for rid, op in (("broken", DescribeOp("d")), ("broken_later", DeleteOp("d"))):
+            t.send_in.send_nowait((b"a", ADMIN, codec.encode(Request(PROTOCOL_VERSION, rid, op))))
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    replies = {m.request_id: m for _, m in t.sent if isinstance(m, Reply)}
+    for rid in ("broken", "broken_later"):
+        assert not replies[rid].ok and replies[rid].error == "internal error; see the server's log"
+    assert cp.failed == 2
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert {type(r.exc_info[1]) for r in tracebacks if r.exc_info} == {
+        InvalidReplicaTransition, InvalidNodeTransition}
 
 
 def test_gpu_list_in_hello_is_still_structured() -> None:

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from llmgw.errors import LlmgwError
+from llmgw.errors import InternalError, LlmgwError
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineState
 from llmgw.model.node import NodeState
@@ -38,6 +38,37 @@ def test_node_error_is_typed() -> None:
     assert str(err) == "node event 'gone' is not valid in state 'ready'"
 
 
+def test_node_births() -> None:
+    """A node first heard is born ready; one the store remembers is born suspect."""
+    assert node_states.born(node_states.NodeBirth.JOINED) == NodeState.READY
+    assert node_states.born(node_states.NodeBirth.REMEMBERED) == NodeState.SUSPECT
+    assert set(node_states.BIRTHS) == set(node_states.NodeBirth)
+
+
+def test_node_restart_grace_makes_silence_suspect_never_lost() -> None:
+    silence = node_states.silence_event
+    assert silence(5.0, 15.0, 60.0) is None
+    assert silence(15.0, 15.0, 60.0) == node_states.NodeEvent.SILENT
+    assert silence(60.0, 15.0, 60.0) == node_states.NodeEvent.GONE
+    assert silence(60.0, 15.0, 60.0, in_restart_grace=True) == node_states.NodeEvent.SILENT
+    assert silence(5.0, 15.0, 60.0, in_restart_grace=True) is None
+
+
+def test_node_silent_since_is_kept_beside_the_state() -> None:
+    """None while ready; the last time heard on going silent; kept through suspect -> lost."""
+    since = node_states.silent_since
+    assert since(NodeState.READY, 40.0, 50.0) is None
+    assert since(NodeState.SUSPECT, None, 50.0) == 50.0
+    assert since(NodeState.LOST, 50.0, 50.0) == 50.0
+    assert since(NodeState.LOST, 20.0, 50.0) == 20.0  # a remembered node: silent since the restart
+
+
+def test_invalid_transitions_are_internal_errors() -> None:
+    """A pair the table lacks is a bug of ours, never an operator's mistake."""
+    assert issubclass(node_states.InvalidNodeTransition, InternalError)
+    assert issubclass(InvalidReplicaTransition, InternalError)
+
+
 def test_replica_births() -> None:
     assert replica_states.next_state(None, E.ADOPTED) == S.STARTING
     # The only way to be born other than PENDING (the model's default) is a named pair.
@@ -60,13 +91,17 @@ def test_replica_groups_agree_with_the_table() -> None:
     assert S.DRAINING not in ROUTABLE and S.STARTING not in ROUTABLE
 
 
-def test_the_models_wants_engines_is_the_tables() -> None:
-    """Replica.wants_engines (the model cannot import the table) names the same states."""
+def test_wants_engines_reads_the_tables_group() -> None:
+    """A replica's engines are wanted when it is placed and its state is in WANTS_ENGINES:
+    the table's group, not a second list kept by the model."""
     spec = Deployment(name="d", model="org/m", engine=EngineKind.VLLM, gpus_per_node=1, replicas=1)
     for state in S:
         r = Replica(id="d-0", deployment="d", index=0, spec=spec, state=state,
                     members=(Member(node_id="a", rank=0, gpus=(), port=1),))
-        assert r.wants_engines == (state in WANTS_ENGINES), state
+        assert replica_states.wants_engines(r) == (state in WANTS_ENGINES), state
+        assert not replica_states.wants_engines(Replica(id="d-0", deployment="d", index=0, spec=spec,
+                                                        state=state)), state
+    assert not hasattr(Replica, "wants_engines")
 
 
 R, U, ST, X, F = ES.READY, ES.UNHEALTHY, ES.STARTING, ES.EXITED, ES.FAILED

@@ -306,15 +306,6 @@ class Replica:
         head = self.members[0]
         return f"http://{head.addr}:{head.port}" if head.addr else ""
 
-    @property
-    def wants_engines(self) -> bool:
-        """True when its engines belong in the desired sets (placed, not waiting)."""
-        return self.placed and self.state not in (
-            ReplicaState.BACKOFF,
-            ReplicaState.CRASH_LOOPING,
-            ReplicaState.PENDING,
-        )
-
     def engine_specs(self) -> tuple[EngineSpec, ...]:
         """One EngineSpec per member, in rank order."""
         d = self.spec

@@ -9,16 +9,14 @@ GPU's problems the command clears (its Xids) and which stay.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmgw.logbound import clip
 from llmgw.model.inventory import SOFT_MARK, Gpu
+from llmgw.server.cluster import Cluster
 from llmgw.server.peers.sessions import OpHandler, Peer, RequestError
 from llmgw.transport.gpu_ops import GpuClearOp
 from llmgw.transport.messages import ClearGpu
-
-if TYPE_CHECKING:  # the orchestrator builds this: a runtime import would be a circle
-    from llmgw.server.orchestrator import Orchestrator
 
 ADMIN = frozenset({"admin"})
 
@@ -40,7 +38,7 @@ def is_xid(problem: str) -> bool:
 
 
 class GpuClear:
-    def __init__(self, o: Orchestrator) -> None:
+    def __init__(self, o: Cluster) -> None:
         self.o = o
 
     def ops(self) -> dict[type, tuple[frozenset[str], OpHandler]]:

@@ -1,8 +1,9 @@
-"""What ctl (and the routers) may ask the orchestrator: one handler per op type, and
+"""What ctl (and the routers) may ask the server: one handler per op type, and
 `ops()`, the table that says who may send each and which handler answers it (the control
 plane dispatches through it, sessions.py; API keys and usage bring their own,
-tenants/apikeys.py). The handlers read and change the orchestrator's state through the
-reference they hold; the state and the pass loop stay in orchestrator.py, the endpoint
+tenants/apikeys.py). The handlers read and change the cluster's state through the
+interface they are given (cluster.py); the state and the pass loop stay in
+orchestrator.py, the server's assembly (peers/service.py) builds the handlers, the endpoint
 table is built in endpoints.py (pure) and the status document in status.py.
 
 Handlers that write the store are async: they answer once it is written.
@@ -11,7 +12,7 @@ Handlers that write the store are async: they answer once it is written.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from attrs import evolve
@@ -22,6 +23,7 @@ from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
 from llmgw.model.node import NodeState
 from llmgw.server import endpoints
+from llmgw.server.cluster import Cluster
 from llmgw.server.peers.sessions import OpHandler, Peer, RequestError
 from llmgw.server.reconcile import adapters
 from llmgw.server.status import (
@@ -52,16 +54,13 @@ from llmgw.transport.requests import (
     StatusOp,
 )
 
-if TYPE_CHECKING:  # the orchestrator builds its Ops: a runtime import would be a circle
-    from llmgw.server.orchestrator import Orchestrator
-
 ADMIN = frozenset({"admin"})
 READERS = frozenset({"admin", "router"})
 LOGS_TIMEOUT = 5.0  # seconds to wait for a node to send an engine's log tail
 
 
 class Ops:
-    def __init__(self, o: Orchestrator) -> None:
+    def __init__(self, o: Cluster) -> None:
         self.o = o
         # The endpoint table last answered and its version: a router that asks again
         # sees the same version while nothing in it changed.

@@ -30,8 +30,6 @@ from llmgw.model.engine import EngineSpec
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.elastic.autoscaler import Autoscaler, Change
-from llmgw.server.gpu_clear import GpuClear
-from llmgw.server.ops import Ops
 from llmgw.server.peers.sessions import ControlPlane, Node, Outgoing
 from llmgw.server.placement.place import NodeView
 from llmgw.server.reconcile.rebuild import adoptable, rebuild
@@ -102,29 +100,21 @@ class Orchestrator:
         self.rebuilt: set[str] = set()  # deployments rebuilt from engine records
         self.rebuild_notes: list[str] = []
         # Nodes known from before a restart get the long first grace period to return.
-        for node_id, stored in store.nodes().items():
-            self._stored[node_id] = (stored.info, stored.inventory)
-            cp.seed(Node(node_id, stored.info, stored.inventory, NodeState.SUSPECT,
-                         now, b"", connected=False, cordoned=stored.cordoned,
-                         draining=stored.draining, silent_since=now))
-        cp.lost_not_before = now + config.restart_grace
+        stored_nodes = store.nodes()
+        self._stored.update((nid, (n.info, n.inventory)) for nid, n in stored_nodes.items())
+        cp.remember(stored_nodes, now)
         cp.on_node_change = self._node_changed
         cp.on_tick = self._ticked
         cp.on_back = self._node_back
         cp.desired_ids = self.desired_ids
-        # What ctl and the routers may ask (ops.py), answered from this state.
-        self.ops = Ops(self)
-        cp.ops.update(self.ops.ops())
-        # API keys (issue 24): `ctl apikey` and the routers' key table (server/tenants/apikeys.py).
+        # API keys and limits: the keys, limits and usage kept in the store
+        # (server/tenants/apikeys.py); its ops, as ctl's (ops.py), are put in the control
+        # plane's table by the server's assembly (peers/service.py).
         self.apikeys = ApiKeys(store)
-        cp.ops.update(self.apikeys.ops())
-        # `ctl gpu clear` (issue 30): an Xid's problem forgotten on the operator's word.
-        cp.ops.update(GpuClear(self).ops())
 
     # ---- triggers from the control plane ----
 
     def _node_changed(self, node: Node, now: float, what: str) -> list[Outgoing]:
-        node.silent_since = None
         hello = what == "hello"
         if what in ("hello", "inventory"):
             self.store_later(node)
@@ -138,7 +128,6 @@ class Orchestrator:
 
     def _node_back(self, node: Node, now: float) -> None:
         """A silent node was heard again (its state is ready once more)."""
-        node.silent_since = None
         self.mark_node(node.node_id)
 
     def _set_for(self, node: Node) -> Outgoing:
@@ -183,8 +172,6 @@ class Orchestrator:
 
     def _ticked(self, changed: list[tuple[Node, NodeState]], now: float) -> list[Outgoing]:
         for node, _before in changed:
-            if node.state != NodeState.READY and node.silent_since is None:
-                node.silent_since = node.last_seen
             self._dirty_nodes.add(node.node_id)
         if changed or (self.next_wake is not None and now >= self.next_wake):
             self.mark_dirty()

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Gpu, Inventory, StorageReport
 from llmgw.model.node import NodeState
+from llmgw.server.cluster import Cluster
+from llmgw.server.peers.sessions import ControlPlane, Node
 from llmgw.server.placement.fabrics import fabric_view, islands, member_nics
 from llmgw.server.reconcile.adapters import lora_sharing
 from llmgw.server.reconcile.replica_states import BACKING_OFF
-
-if TYPE_CHECKING:
-    from llmgw.server.orchestrator import Orchestrator
-    from llmgw.server.peers.sessions import ControlPlane, Node
-    from llmgw.server.store.sql import StoredEvent
+from llmgw.server.store.sql import StoredEvent
 
 
 def _storage(s: StorageReport) -> dict[str, Any]:
@@ -134,7 +132,7 @@ def replica_row(r: Replica, now: float | None = None) -> dict[str, Any]:
     return row
 
 
-def replica_rows(o: Orchestrator, last_events: Mapping[str, StoredEvent] | None = None
+def replica_rows(o: Cluster, last_events: Mapping[str, StoredEvent] | None = None
                  ) -> list[dict[str, Any]]:
     rows = []
     for r in sorted(o.replicas.values(), key=lambda r: r.id):
@@ -151,7 +149,7 @@ def replica_rows(o: Orchestrator, last_events: Mapping[str, StoredEvent] | None 
     return rows
 
 
-def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> str:
+def _deployment_status(o: Cluster, d: Deployment, mine: list[Replica]) -> str:
     ready = sum(r.state == ReplicaState.READY for r in mine)
     # A pending replacement is a drain's: its target still serves, on the draining node.
     reasons = sorted({o.pending[r.id] for r in mine if r.id in o.pending and not r.replaces})
@@ -170,7 +168,7 @@ def _deployment_status(o: Orchestrator, d: Deployment, mine: list[Replica]) -> s
     return "ready" if ready >= d.replicas else "progressing"
 
 
-def deployment_rows(o: Orchestrator) -> list[dict[str, Any]]:
+def deployment_rows(o: Cluster) -> list[dict[str, Any]]:
     rows = []
     for name, d in sorted(o.deployments.items()):
         mine = [r for r in o.replicas.values() if r.deployment == name]
@@ -186,7 +184,7 @@ def deployment_rows(o: Orchestrator) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent]) -> dict[str, Any]:
+def describe_deployment(o: Cluster, d: Deployment, events: list[StoredEvent]) -> dict[str, Any]:
     mine = sorted((r for r in o.replicas.values() if r.deployment == d.name), key=lambda r: r.id)
     row = next(r for r in deployment_rows(o) if r["name"] == d.name)
     return {
@@ -200,7 +198,7 @@ def describe_deployment(o: Orchestrator, d: Deployment, events: list[StoredEvent
     }
 
 
-def describe_node(o: Orchestrator, node: Node, now: float) -> dict[str, Any]:
+def describe_node(o: Cluster, node: Node, now: float) -> dict[str, Any]:
     """A node as `ctl status` shows it, with the replicas that have a member on it."""
     mine = sorted((r for r in o.replicas.values() if node.node_id in r.node_ids),
                   key=lambda r: r.id)
@@ -213,7 +211,7 @@ def describe_node(o: Orchestrator, node: Node, now: float) -> dict[str, Any]:
             "preflight": figures, **({"preflight_gpus": local} if local else {})}
 
 
-def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> dict[str, Any]:
+def describe_replica(o: Cluster, r: Replica, events: list[StoredEvent]) -> dict[str, Any]:
     """A replica's row, why it waits if it does, its last failure's log and its events."""
     return {
         **replica_row(r),
@@ -228,7 +226,7 @@ def describe_replica(o: Orchestrator, r: Replica, events: list[StoredEvent]) -> 
     }
 
 
-def member_downloads(o: Orchestrator, r: Replica) -> dict[str, str]:
+def member_downloads(o: Cluster, r: Replica) -> dict[str, str]:
     """Node -> how far its member's engine has downloaded its weights, for this
     generation ("12.3 GB on disk, 210 MB/s"; EngineReport.download); members that download
     nothing left out."""
@@ -241,7 +239,7 @@ def member_downloads(o: Orchestrator, r: Replica) -> dict[str, str]:
     return out
 
 
-def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
+def _engine_facts(o: Cluster, r: Replica) -> dict[str, Any]:
     """What each member's engine reported of this generation (issue 23): the weights it
     loads, node -> line; and, where the spec has adapters, node -> {loaded, errors}."""
     weights: dict[str, str] = {}
@@ -262,7 +260,7 @@ def _engine_facts(o: Orchestrator, r: Replica) -> dict[str, Any]:
             "preflight": member_preflight(r, reports)}
 
 
-def _member_reports(o: Orchestrator, r: Replica) -> dict[str, EngineReport]:
+def _member_reports(o: Cluster, r: Replica) -> dict[str, EngineReport]:
     """Node -> its engine's report of this replica's generation (members heard only)."""
     out = {}
     for m in r.members:
@@ -320,17 +318,17 @@ def local_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport]
     return best
 
 
-def preflight_by_fabric(o: Orchestrator) -> dict[str, dict[str, Any]]:
+def preflight_by_fabric(o: Cluster) -> dict[str, dict[str, Any]]:
     """fabric_preflight over the orchestrator's replicas and the agents' reports."""
     return fabric_preflight((r, _member_reports(o, r)) for r in o.replicas.values() if r.fabric)
 
 
-def _with_last_event(o: Orchestrator, r: Replica) -> dict[str, Any]:
+def _with_last_event(o: Cluster, r: Replica) -> dict[str, Any]:
     e = o.last_events.get(r.id)
     return {**replica_row(r), "last_event": {"ts": e.ts, "text": e.text} if e is not None else None}
 
 
-def status_document(o: Orchestrator, now: float) -> dict[str, Any]:
+def status_document(o: Cluster, now: float) -> dict[str, Any]:
     """What `ctl status -o json` prints, and the status page's /status.json."""
     notes = [o.holding] if o.holding else []
     if o.rebuilt:

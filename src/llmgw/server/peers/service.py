@@ -17,9 +17,12 @@ import trio
 import zmq
 
 from llmgw.config.server import ServerConfig
-from llmgw.errors import ListenError, LlmgwError
+from llmgw.errors import InternalError, ListenError, LlmgwError
 from llmgw.logbound import Throttle, clip
+from llmgw.server.cluster import Cluster
+from llmgw.server.gpu_clear import GpuClear
 from llmgw.server.metrics import ServerMetrics
+from llmgw.server.ops import Ops
 from llmgw.server.orchestrator import Orchestrator
 from llmgw.server.peers.sessions import ControlPlane, Outgoing
 from llmgw.server.store.open import open_store
@@ -153,6 +156,14 @@ class KeyWatcher:
         return {user_id(k): k for k in self.keys.values()}
 
 
+def answer_ops(cp: ControlPlane, cluster: Cluster) -> None:
+    """What ctl and the routers may ask, answered from the cluster's state: ctl's ops
+    (ops.py), API keys and limits (tenants/apikeys.py), `ctl gpu clear` (gpu_clear.py)."""
+    cp.ops.update(Ops(cluster).ops())
+    cp.ops.update(cluster.apikeys.ops())
+    cp.ops.update(GpuClear(cluster).ops())
+
+
 async def serve_server(
     config: ServerConfig,
     *,
@@ -179,6 +190,7 @@ async def serve_server(
         store = await trio.to_thread.run_sync(open_store, config)
     metrics = ServerMetrics()
     orchestrator = Orchestrator(cp, metrics.timed(store), config, clock())
+    answer_ops(cp, orchestrator)
     metrics.watch(orchestrator)
 
     ctx = zmq.Context()
@@ -312,6 +324,9 @@ async def run_plane(
         except FencedError:
             # Another server leads now: the client should ask it, not give up.
             reply = NotLeader(not_leader() if not_leader is not None else "", request_id)
+        except InternalError:  # a bug of ours (a lifecycle table's): a traceback, not the reason
+            cp.bug(str(rid), "request %s failed", request_id)
+            reply = Reply(request_id, False, error="internal error; see the server's log")
         except LlmgwError as exc:
             reply = Reply(request_id, False, error=str(exc))
         except Exception:

@@ -28,13 +28,15 @@ from attrs import define, evolve, field
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.config.server import ServerConfig
-from llmgw.errors import LlmgwError, ProtocolError
+from llmgw.errors import InternalError, LlmgwError, ProtocolError
 from llmgw.logbound import Throttle, clip
 from llmgw.model.engine import EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
 from llmgw.model.node import NodeState
+from llmgw.server.peers import node_states
 from llmgw.server.peers.intern import Interner
-from llmgw.server.peers.node_states import NodeEvent, next_state, silence_event
+from llmgw.server.peers.node_states import NodeBirth, NodeEvent, born, next_state, silence_event
+from llmgw.server.store.sql import StoredNode
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
 from llmgw.transport.messages import (
@@ -96,7 +98,9 @@ class Node:
     key: str = ""  # the public key of the live session; its messages alone are the node's
     cordoned: bool = False  # placement puts nothing new here (ctl cordon, drain)
     draining: bool = False  # its replicas move away, new ones ready first (ctl drain)
-    silent_since: float | None = None  # when it went silent (suspect, lost); None: heard
+    # When it went silent (suspect, lost); None: ready. Kept by ControlPlane, the node
+    # table's owner, beside `state` (node_states.silent_since).
+    silent_since: float | None = None
     # Ports the node reported in conflict -> when (server clock). Bounded: the oldest go
     # first past MAX_CONFLICT_PORTS; expired after CONFLICT_PORT_TTL; cleared on Hello.
     conflict_ports: dict[int, float] = field(factory=dict)
@@ -134,7 +138,7 @@ class ControlPlane:
     on_node_change: Callable[[Node, float, str], list[Outgoing]] | None = None
     # Requests whose answer needs I/O: the shell awaits them and sends the Reply.
     deferred: list[Deferred] = field(factory=list)
-    # After a server restart, no node is declared lost before this time.
+    # After a server restart, no node is declared lost before this time (`remember`).
     lost_not_before: float = 0.0
     # Added to trio's clock to make wall-clock time (what the store keeps).
     clock_offset: float = 0.0
@@ -172,6 +176,24 @@ class ControlPlane:
         """Put `node` in the table before its agent is heard (a node the store knows of,
         after a restart); it replaces any node of its id."""
         self._nodes[node.node_id] = node
+
+    def remember(self, stored: Mapping[str, StoredNode], now: float) -> None:
+        """After a restart: the nodes the store knows of, born suspect (silent since `now`)
+        until their agents say Hello again, and the restart grace before any is lost."""
+        state = born(NodeBirth.REMEMBERED)
+        for node_id, n in stored.items():
+            self._nodes[node_id] = Node(node_id, n.info, n.inventory, state, now, b"", connected=False,
+                                        cordoned=n.cordoned, draining=n.draining,
+                                        silent_since=node_states.silent_since(state, None, now))
+        self.lost_not_before = now + self.config.restart_grace
+
+    def _move(self, node: Node, event: NodeEvent) -> NodeState:
+        """The node's state after `event`, with when it went silent kept beside it; the
+        state it had before is returned."""
+        before = node.state
+        node.state = next_state(before, event)
+        node.silent_since = node_states.silent_since(node.state, node.silent_since, node.last_seen)
+        return before
 
     def set_cordoned(self, node_id: str, cordoned: bool, draining: bool) -> None:
         """ctl cordon, uncordon, drain: what placement may put on the node, and whether its
@@ -283,8 +305,8 @@ class ControlPlane:
         node = self._nodes.get(claimed)
         engines = {r.replica_id: bounded_report(r) for r in msg.engines}
         if node is None:
-            node = Node(claimed, msg.node, self.interner.inventory(msg.inventory), NodeState.READY, now,
-                        peer.routing_id, shared=True)
+            node = Node(claimed, msg.node, self.interner.inventory(msg.inventory), born(NodeBirth.JOINED),
+                        now, peer.routing_id, shared=True)
             self._nodes[claimed] = node
             log.info("node %s joined from %s", claimed, msg.node.mgmt_addr)
         else:
@@ -309,9 +331,8 @@ class ControlPlane:
             node.shared = True
 
     def _heard(self, node: Node, routing_id: bytes, now: float) -> None:
-        before = node.state
-        node.state = next_state(node.state, NodeEvent.HEARD)
         node.last_seen = now
+        before = self._move(node, NodeEvent.HEARD)
         # Server-initiated messages go only to the routing id last seen authenticated.
         node.routing_id = routing_id
         if before != node.state:
@@ -338,6 +359,9 @@ class ControlPlane:
             return Reply(req.request_id, False, error=f"a {peer.role} key may not ask for {name!r}")
         try:
             result = handler(peer, req.op, now)
+        except InternalError:  # a bug of ours (a lifecycle table's): a traceback, not the reason
+            self.bug(peer.key, "request %s from %s %s failed", name, peer.role, peer.identity)
+            return Reply(req.request_id, False, error="internal error; see the server's log")
         except LlmgwError as exc:
             return Reply(req.request_id, False, error=str(exc))
         except Exception:
@@ -356,13 +380,11 @@ class ControlPlane:
         changed = []
         for node in self._nodes.values():
             node.expire_conflicts(now)
-            event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after)
+            event = silence_event(now - node.last_seen, suspect_after, self.config.lost_after,
+                                  in_restart_grace=now < self.lost_not_before)
             if event is None:
                 continue
-            if event is NodeEvent.GONE and now < self.lost_not_before:
-                event = NodeEvent.SILENT
-            before = node.state
-            node.state = next_state(before, event)
+            before = self._move(node, event)
             if node.state != before:
                 log.warning("node %s: %s -> %s (silent %.0fs)", node.node_id, before,
                             node.state, now - node.last_seen)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from llmgw.errors import LlmgwError
-from llmgw.model.deployment import ReplicaState
+from llmgw.errors import InternalError
+from llmgw.model.deployment import Replica, ReplicaState
 from llmgw.model.engine import PREFLIGHT_RUNNING as PROBE_RUNNING
 from llmgw.model.engine import EngineState
 
@@ -46,7 +46,7 @@ class ReplicaEvent(enum.StrEnum):
     ADOPTED = "adopted"
 
 
-class InvalidReplicaTransition(LlmgwError):
+class InvalidReplicaTransition(InternalError):
     """An event that cannot happen in the replica's current state: a bug of ours."""
 
     def __init__(self, state: ReplicaState | None, event: ReplicaEvent) -> None:
@@ -104,6 +104,12 @@ ROUTABLE = frozenset({S.READY, S.UNHEALTHY, S.HELD})
 # stopped; none is stopped on request while its replica wants it): its replica has
 # FAILED, a drain ends on it, rebuild never adopts it.
 ENGINE_ENDED = frozenset({EngineState.EXITED, EngineState.FAILED})
+
+
+def wants_engines(r: Replica) -> bool:
+    """True when the replica's engines belong in the desired sets: placed, in a state of
+    the table's WANTS_ENGINES group."""
+    return r.placed and r.state in WANTS_ENGINES
 
 
 def drains_first(state: ReplicaState) -> bool:

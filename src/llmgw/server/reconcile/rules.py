@@ -55,7 +55,13 @@ from llmgw.model.preflight import AVOID_SECONDS, port_in_use
 from llmgw.model.preflight import failure as preflight_failure
 from llmgw.server.placement.place import NodeView
 from llmgw.server.reconcile.passes import Event, Pass, ReconcileSettings
-from llmgw.server.reconcile.replica_states import BACKING_OFF, ENGINE_ENDED, ReplicaEvent, engines_event
+from llmgw.server.reconcile.replica_states import (
+    BACKING_OFF,
+    ENGINE_ENDED,
+    ReplicaEvent,
+    engines_event,
+    wants_engines,
+)
 from llmgw.server.reconcile.rollout import roll_deployment
 from llmgw.server.reconcile.state import NodeDelta, ReconcileState
 
@@ -198,8 +204,8 @@ def _changed_nodes(
     out: set[str] = set()
     for rid in ids:
         a, b = old.get(rid), new.get(rid)
-        sa = a.engine_specs() if a is not None and a.wants_engines else ()
-        sb = b.engine_specs() if b is not None and b.wants_engines else ()
+        sa = a.engine_specs() if a is not None and wants_engines(a) else ()
+        sb = b.engine_specs() if b is not None and wants_engines(b) else ()
         if sa != sb:
             out.update(spec_node for spec_node, _ in _nodes_of(a, sa) + _nodes_of(b, sb))
     return frozenset(out)
@@ -355,7 +361,7 @@ def desired_sets(
     """Each node's whole desired engine set; every id in `nodes` is present (maybe empty)."""
     out: dict[str, list[EngineSpec]] = {n: [] for n in nodes}
     for r in replicas:
-        if not r.wants_engines:
+        if not wants_engines(r):
             continue
         for m, spec in zip(r.members, r.engine_specs(), strict=True):
             out.setdefault(m.node_id, []).append(spec)
