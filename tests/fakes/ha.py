@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from fakes.engines import free_port
 from fakes.live import LLMGW, Cluster, Proc, run_cli, wait_for
 
+FROZEN_SERVER = Path(__file__).with_name("frozen_server.py")
 LEADING = re.compile(r"leading with epoch (\d+)|stepped down from epoch (\d+)")
 
 
@@ -35,9 +37,13 @@ class HACluster(Cluster):
         self.servers: dict[int, Proc] = {}
         self._runs = 0
 
-    def start_server(self, i: int = 0, env: dict[str, str] | None = None) -> Proc:  # type: ignore[override]
+    def start_server(self, i: int = 0, env: dict[str, str] | None = None,  # type: ignore[override]
+                     freeze: Path | None = None) -> Proc:
+        """Server i. `freeze`: a file that, once it holds an SQL prefix, stops the server
+        inside the fenced transaction whose statement starts with it (frozen_server.py)."""
         self._runs += 1
-        p = Proc([*LLMGW, "server", "--config", str(self.tomls[i])],
+        llmgw = LLMGW if freeze is None else [sys.executable, str(FROZEN_SERVER), str(freeze)]
+        p = Proc([*llmgw, "server", "--config", str(self.tomls[i])],
                  self.root / f"server-{i}.run{self._runs}.log", env=env)
         self.procs.append(p)
         self.servers[i] = p

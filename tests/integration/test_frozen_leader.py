@@ -1,5 +1,5 @@
 """A leader frozen inside a write transaction (issue 19), on a real PostgreSQL with real
-server processes: the leader stops itself (SIGSTOP, store_pg's test hook) inside the
+server processes: the leader stops itself (SIGSTOP, frozen_server.py's store hook) inside the
 transaction of a `ctl apply` it is answering, holding that transaction open as a frozen VM
 would. Within the lease plus 2 s the standby leads (a takeover waits on nothing the old
 leader holds, and ends its session); woken, the old leader's write is refused and rolled
@@ -28,7 +28,6 @@ from fakes.live import wait_for
 from fakes.postgres import PgServer
 from fakes.tcpproxy import TcpProxy
 from llmgw.model.deployment import Deployment
-from llmgw.server.store.postgres import FREEZE_ENV
 from llmgw.transport.client import request
 from llmgw.transport.follow import NotLeaderError
 from llmgw.transport.requests import ApplyOp
@@ -103,7 +102,7 @@ def freeze_during_apply(c: HACluster, freeze: Path, name: str) -> tuple[Apply, f
 def test_leader_frozen_inside_a_write(cluster: HACluster, tmp_path: Path, pg_url: str) -> None:
     c = cluster
     freeze = tmp_path / "freeze"
-    c.start_server(0, env={FREEZE_ENV: str(freeze)})
+    c.start_server(0, freeze=freeze)
     assert c.wait_leader() == 0
     c.start_server(1)
     apply, _frozen, took = freeze_during_apply(c, freeze, "frozen-write")
@@ -132,7 +131,7 @@ def test_leader_frozen_inside_a_write_behind_a_silent_network(
         toml = c.tomls[0]  # server 0 reaches the database through the relay
         toml.write_text(toml.read_text().replace(f"127.0.0.1:{pg_server.port}/", f"127.0.0.1:{proxy.port}/"))
         freeze = tmp_path / "freeze"
-        c.start_server(0, env={FREEZE_ENV: str(freeze)})
+        c.start_server(0, freeze=freeze)
         assert c.wait_leader() == 0
         c.start_server(1)
         freeze.write_text("INSERT INTO deployments")

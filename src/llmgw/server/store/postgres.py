@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import socket
 import threading
 import time
@@ -53,10 +52,10 @@ log = logging.getLogger(__name__)
 DB_NOW = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
 # pg_advisory_xact_lock key that serializes migrations of servers starting together.
 _MIGRATE_LOCK = 0x6C6C6D6777  # "llmgw"
-# A test hook (tests/integration/test_frozen_leader.py): a file whose text is an SQL
-# prefix; the first statement that starts with it, inside a fenced transaction, stops this
-# process (SIGSTOP) before it runs, as a frozen VM would stop it. The file is removed first.
-FREEZE_ENV = "LLMGW_TEST_FREEZE_IN_TX"
+# Called with each statement of a fenced transaction before it runs; given to PgStore by
+# whoever builds it (None in the server). The failover tests stop the process there, as a
+# frozen VM would stop a leader mid-write (tests/fakes/frozen_server.py).
+StatementHook = Callable[[str], None]
 
 
 def session_timeout_ms(lease: float) -> int:
@@ -83,37 +82,25 @@ def _q(sql: str) -> str:
 
 
 class _PgTx:
-    def __init__(self, cur: psycopg.Cursor[Any], freeze: str = "") -> None:
+    def __init__(self, cur: psycopg.Cursor[Any], hook: StatementHook | None = None) -> None:
         self.cur = cur
-        self.freeze = freeze
-
-    def _hook(self, sql: str) -> None:
-        try:
-            with open(self.freeze) as f:
-                prefix = f.read().strip()
-            if not sql.startswith(prefix):
-                return
-            os.unlink(self.freeze)
-        except OSError:
-            return  # no hook armed (the usual case in a test that sets the variable)
-        log.warning("test hook: stopping inside a fenced transaction before %s", sql[:60])
-        os.kill(os.getpid(), signal.SIGSTOP)
+        self.hook = hook
 
     def run(self, sql: str, args: Sequence[Any] = ()) -> int:
-        if self.freeze:
-            self._hook(sql)
+        if self.hook is not None:
+            self.hook(sql)
         self.cur.execute(_q(sql), tuple(args))
         return self.cur.rowcount
 
     def rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        if self.freeze:
-            self._hook(sql)
+        if self.hook is not None:
+            self.hook(sql)
         self.cur.execute(_q(sql), tuple(args))
         return self.cur.fetchall()
 
     def many(self, sql: str, seq: Sequence[Sequence[Any]]) -> None:
-        if self.freeze:
-            self._hook(sql)
+        if self.hook is not None:
+            self.hook(sql)
         self.cur.executemany(_q(sql), seq)
 
 
@@ -227,8 +214,10 @@ class PgStore(SqlStore):
     """PostgreSQL: shared by several servers; writes fenced by the leader's epoch."""
 
     def __init__(self, url: str, *, password: str | None = None, connect_timeout: float = 5.0,
-                 lease: float = 10.0) -> None:
-        """Connect and migrate (StoreError when the database cannot be reached)."""
+                 lease: float = 10.0, before_statement: StatementHook | None = None) -> None:
+        """Connect and migrate (StoreError when the database cannot be reached).
+        `before_statement`: called with each statement of a fenced transaction before it
+        runs (tests)."""
         self._db = _Conn(url, password, connect_timeout, lease)
         self.where = self._db.where
         self.url, self.password, self.connect_timeout, self.lease = url, password, connect_timeout, lease
@@ -236,7 +225,7 @@ class PgStore(SqlStore):
         self.fenced = False  # a write was refused by the epoch check: step down
         self.fenced_why = ""  # that refusal, in words
         self.fenced_leader = ""  # the address the lease row named then, if it was live
-        self._freeze = os.environ.get(FREEZE_ENV, "")
+        self._before_statement = before_statement
         try:
             self._db.call(self._migrate)
         except BaseException:
@@ -295,7 +284,7 @@ class PgStore(SqlStore):
             with conn.transaction(), conn.cursor() as cur:
                 if fence is not None:
                     self._check_fence(cur, fence)
-                return fn(_PgTx(cur, self._freeze if fence is not None else ""))
+                return fn(_PgTx(cur, self._before_statement if fence is not None else None))
 
         try:
             return self._db.call(run)
