@@ -1,5 +1,5 @@
 """Print the engine, node and replica lifecycles as Mermaid state diagrams, drawn from the
-tables themselves (each module's TRANSITIONS), so the pictures in the docs cannot drift
+tables themselves (each module's TRANSITIONS, and BIRTHS where it has them), so the pictures in the docs cannot drift
 from the code: regenerate them instead of editing them.
 
     .venv/bin/python bench/draw_lifecycles.py                 # all three, as Markdown
@@ -19,7 +19,8 @@ import sys
 from collections.abc import Mapping
 from types import ModuleType
 
-# name -> the module holding the table (TRANSITIONS: (state | None, event) -> state).
+# name -> the module holding the table: TRANSITIONS, (state | None, event) -> state, and
+# where births are apart, BIRTHS, birth -> state.
 TABLES = {
     "engine": "llmgw.agent.lifecycle.states",
     "node": "llmgw.server.peers.node_states",
@@ -31,8 +32,11 @@ Table = Mapping[tuple[enum.Enum | None, enum.Enum], enum.Enum]
 
 
 def table_of(name: str) -> tuple[ModuleType, Table]:
+    """The module's TRANSITIONS, after its BIRTHS where it keeps them apart (birth -> the
+    state born in, drawn as rows from None like the other tables' births)."""
     module = importlib.import_module(TABLES[name])
-    return module, module.TRANSITIONS
+    births = {(None, birth): state for birth, state in getattr(module, "BIRTHS", {}).items()}
+    return module, {**births, **module.TRANSITIONS}
 
 
 def mermaid(table: Table) -> str:
@@ -54,11 +58,19 @@ def mermaid(table: Table) -> str:
 
 
 def markdown() -> str:
-    out = ["<!-- Drawn by bench/draw_lifecycles.py from the tables; do not edit by hand. -->\n"]
+    out = ["# Lifecycles\n\n"
+           "<!-- Drawn by bench/draw_lifecycles.py from the tables; do not edit by hand:\n"
+           "     .venv/bin/python bench/draw_lifecycles.py > docs/lifecycles.md -->\n\n"
+           "The engine, node and replica lifecycles, each drawn from its table. An arrow carries\n"
+           "every event of the table that leads from its state to the next; an arrow back to the\n"
+           "same state is an event that leaves the state as it is (a late or repeated one, or\n"
+           "news that changes nothing). An arrow from [*] is a birth: the state that one not\n"
+           "yet known enters.\n"]
     for name in TABLES:
         module, table = table_of(name)
         where = "src/" + module.__name__.replace(".", "/") + ".py"
-        out.append(f"\n## The {name} lifecycle\n\nFrom `TRANSITIONS` in `{where}` "
+        names = "`BIRTHS` and `TRANSITIONS`" if hasattr(module, "BIRTHS") else "`TRANSITIONS`"
+        out.append(f"\n## The {name} lifecycle\n\nFrom {names} in `{where}` "
                    f"({len(table)} rows).\n\n```mermaid\n{mermaid(table)}```\n")
     return "".join(out)
 
