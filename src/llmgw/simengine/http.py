@@ -2,9 +2,9 @@
 chunked streaming, and noticing a client that goes away in the middle of a response.
 
 Requests are read by `llmgw.http1.request.RequestParser` (the router's own rules, so the
-simulated engine is as strict as what stands in front of it); answers are written here:
-Content-Length when the length is known, else chunked (close-delimited for HTTP/1.0),
-`connection: close` when the client asked for it.
+simulated engine is as strict as what stands in front of it); answers are framed by
+`llmgw.http1.writers`: Content-Length when the length is known, else chunked
+(close-delimited for HTTP/1.0), `connection: close` when the client asked for it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import trio
 
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import Request, RequestParser
+from llmgw.http1.writers import BodyWriter, ChunkedWriter, CloseWriter, LengthWriter
 
 # JSON as vLLM's server writes it (Starlette's JSONResponse and pydantic): no spaces.
 COMPACT = (",", ":")
@@ -55,7 +56,7 @@ class Exchange:
         self.ended = False
         self.keep_alive = request.keep_alive  # whether the connection may carry another
         self._http10 = request.http10
-        self._chunked = False
+        self._body: BodyWriter | None = None  # the answer's framing, once started
         self._no_body = self.method == "HEAD"
 
     async def _send(self, data: bytes) -> None:
@@ -67,27 +68,30 @@ class Exchange:
     async def start(self, status: int, content_type: str, length: int | None = None) -> None:
         lines = [f"HTTP/1.1 {status} {_REASON.get(status, '')}", f"content-type: {content_type}",
                  "server: llmgw-simengine"]
+        body: BodyWriter | None = None
         if length is not None:
             lines.append(f"content-length: {length}")
+            body = LengthWriter(length)
         elif self._http10:
             self.keep_alive = False  # the body ends with the connection
+            body = CloseWriter()
         elif not self._no_body:
-            self._chunked = True
+            body = ChunkedWriter()
             lines.append("transfer-encoding: chunked")
+        self._body = None if self._no_body else body
         if not self.keep_alive:
             lines.append("connection: close")
         self.responded = True
         await self._send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
 
     async def send_body(self, data: bytes) -> None:
-        if self._no_body or not data:
-            return
-        await self._send(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
+        if self._body is not None and data:
+            await self._send(self._body.data(data))
 
     async def end(self) -> None:
         self.ended = True
-        if self._chunked:
-            await self._send(b"0\r\n\r\n")
+        if self._body is not None and (tail := self._body.end()):
+            await self._send(tail)
 
     async def send_bytes(self, status: int, content_type: str, data: bytes) -> None:
         await self.start(status, content_type, len(data))

@@ -34,6 +34,7 @@ from llmgw.http1.chunked import ChunkedReader
 from llmgw.http1.grammar import H1Error
 from llmgw.http1.request import Request
 from llmgw.http1.response import ResponseHead, ResponseParser
+from llmgw.http1.writers import BodyWriter, ChunkedWriter, CloseWriter
 from llmgw.router.connection import sockio
 from llmgw.router.connection.http import ClientConn
 from llmgw.router.connection.lag import LagMeter
@@ -330,7 +331,7 @@ class Relay:
         ok = False
         broken = ""
         out = b""
-        chunked_out = False
+        writer: BodyWriter | None = None  # what the router frames itself (none for a length)
         extra = False
         scanner: ChunkedReader | None = None
         send = client.sock
@@ -370,7 +371,7 @@ class Relay:
                     if http10:
                         raise H1Error(502, "chunked answer to an HTTP/1.0 request")
                     scanner = ChunkedReader(502)
-                    chunked_out = True
+                    writer = ChunkedWriter()  # its end only: the chunks are the engine's
                     if tap is not None:
                         tap.chunked = True
                     out = client.head(
@@ -383,9 +384,10 @@ class Relay:
                     )
                 elif http10:
                     client.keep_alive = False
+                    writer = CloseWriter()
                     out = client.head(status, b"content-type: %s\r\n" % head.content_type)
                 else:
-                    chunked_out = True
+                    writer = ChunkedWriter()  # an answer that ends with the connection, chunked
                     out = client.head(
                         status, b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
                     )
@@ -408,13 +410,14 @@ class Relay:
                         else:
                             if tap is not None:
                                 tap.feed(data)
-                            out += b"%x\r\n%s\r\n" % (len(data), data) if chunked_out else data
+                            assert writer is not None
+                            out += writer.data(data)
                             done = False
                         if done:
                             if tap is not None:
                                 tap.done()
-                            if chunked_out:
-                                out += b"0\r\n\r\n"
+                            if writer is not None:
+                                out += writer.end()
                             if idle_armed:
                                 await sockio.send_all(send, out)
                             else:
@@ -442,8 +445,9 @@ class Relay:
                         if framing == "close":
                             if tap is not None:
                                 tap.done()
-                            if chunked_out:
-                                await sockio.send_all(send, b"0\r\n\r\n")
+                            assert writer is not None
+                            if end := writer.end():
+                                await sockio.send_all(send, end)
                             ok = True
                             return status
                         broken = "engine closed the connection mid-response"
@@ -475,9 +479,10 @@ class Relay:
         if not broken.startswith("no data"):
             self.eject(model, r, broken)
         at_boundary = scanner is None or (scanner.remaining == 0 and not scanner.partial)
-        if streaming and chunked_out and at_boundary:
+        # The error event goes as a chunk of its own, and only where a chunk may begin.
+        if streaming and isinstance(writer, ChunkedWriter) and not writer.ended and at_boundary:
             ev = sse_error_event(f"replica {r.replica_id} failed: {broken}")
-            out += b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev)
+            out += writer.data(ev) + writer.end()
             await sockio.send_all(send, out)
             return status
         if out:

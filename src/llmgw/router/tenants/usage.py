@@ -24,6 +24,7 @@ import json
 import re
 from typing import Any
 
+from llmgw.http1.writers import chunk
 from llmgw.model.usage import HOUR, UsageRow
 
 TAIL = 4096  # bytes of a plain answer kept to find its usage in
@@ -147,8 +148,7 @@ class UsageTap:
                 kept = self._events(buf[nl + 2:end - 2])
                 if kept is not None:  # the usage event taken out of the chunk
                     out += buf[start:pos]
-                    if kept:
-                        out += b"%x\r\n%s\r\n" % (len(kept), kept)
+                    out += chunk(kept)  # nothing when the usage event was alone in it
                     start = end
             pos = end
         out += buf[start:pos]
