@@ -211,12 +211,14 @@ def _welcomed(meet: Path, column: int = 0) -> int:
 
 
 def _start_server(root: Path, config: Path, log_name: str,
-                  ready: bytes = b"listening on") -> subprocess.Popen[bytes]:
+                  ready: bytes = b"listening on", llmgw: list[str] | None = None) -> subprocess.Popen[bytes]:
     """`llmgw server` as its own process, once its log says `ready` (a standby of several
-    servers says "standby on")."""
+    servers says "standby on"). `llmgw`: the command to run instead of `python -m llmgw.cli`
+    (failover.py's frozen leader: tests/fakes/frozen_server.py)."""
     log_path = root / log_name
+    llmgw = llmgw or [sys.executable, "-m", "llmgw.cli"]
     with open(log_path, "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "llmgw.cli", "server", "--config", str(config)],
+        server = subprocess.Popen([*llmgw, "server", "--config", str(config)],
                                   stdout=log, stderr=subprocess.STDOUT, preexec_fn=_raise_fd_limit)
     t0 = time.monotonic()
     while ready not in log_path.read_bytes():

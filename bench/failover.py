@@ -241,12 +241,9 @@ def run(n: int, lease: float, interval: float, per_worker: int, fault: str = "si
         workers: list[subprocess.Popen[bytes]] = []
         try:
             # The first leads (it starts alone and wins the empty lease); the second waits.
-            from llmgw.server.store.postgres import FREEZE_ENV
-
-            freeze = root / "freeze"
-            os.environ[FREEZE_ENV] = str(freeze)  # armed only when the file is written
-            servers.append(_start_server(root, configs[0], "server-0.log", b"standby on"))
-            del os.environ[FREEZE_ENV]
+            freeze = root / "freeze"  # armed only when the file is written
+            frozen = [sys.executable, str(HERE.parent / "tests" / "fakes" / "frozen_server.py"), str(freeze)]
+            servers.append(_start_server(root, configs[0], "server-0.log", b"standby on", frozen))
             t0 = time.monotonic()
             while not _leads(root / "server-0.log") and time.monotonic() - t0 < 60:
                 time.sleep(0.05)
