@@ -67,7 +67,7 @@ class EnginesConfig:
     # The simulated engine: python interpreter used for `-m llmgw.simengine`.
     # Empty: the interpreter running the agent.
     simulated_python: str = ""
-    # The pre-flight probe before a gang member's engine (issue 22). Empty: llmgw's own
+    # The pre-flight probe before a gang member's engine (collective pre-flight). Empty: llmgw's own
     # probe, run by the engine's own Python (vllm's #! interpreter, sglang.python). Set,
     # the probe script or interpreter to use instead: a test double, or a Python with
     # torch for the simulated engine.

@@ -56,12 +56,12 @@ class RouterConfig:
     metrics_interval: Duration = 0.25
     metrics_stale_after: Duration = 2.0
     table_poll_interval: Duration = 1.0
-    # API keys kept by the server (issue 24): how often the router asks for their table
+    # API keys kept by the server (API keys and limits): how often the router asks for their table
     # (a revoked key is refused within about this long).
     key_table_interval: Duration = 1.0
     # How often usage per key × model goes to the server (what a killed router loses).
     usage_report_interval: Duration = 5.0
-    # Autoscale (issue 25): how often the router tells the server its load per model.
+    # Autoscale (elastic deployments): how often the router tells the server its load per model.
     load_report_interval: Duration = 5.0
     # A model scaled to zero: requests wait for its first replica, at most `hold_queue`
     # of them per model and each at most `cold_start_budget`; then 503 with Retry-After.

@@ -1,4 +1,4 @@
-"""`llmgw ctl apikey create|list|describe|update|revoke|import` (issue 24).
+"""`llmgw ctl apikey create|list|describe|update|revoke|import` (API keys and limits).
 
 The secret is made here and printed once; the server gets its SHA-256 and its first
 characters (to name it in listings), never the secret. What the operator typed wrong

@@ -1,4 +1,4 @@
-"""`llmgw ctl gpu clear NODE GPU` (issue 30 item 3): forget a GPU's Xid problems once the
+"""`llmgw ctl gpu clear NODE GPU` (GPU health): forget a GPU's Xid problems once the
 operator has dealt with them (a reset the agent could not see, or an Xid judged harmless).
 
 An Xid's problem also goes by itself when NVML's readings show the GPU was reset; what

@@ -241,7 +241,7 @@ def _describe_node(n: dict[str, Any]) -> str:
         lines += _gpu_notes(gpus)
     lines += _hca_notes(n.get("hcas") or [])
     lines += fabric_preflight_lines(n.get("preflight"))
-    if isinstance(local := n.get("preflight_gpus"), dict):  # a single-node replica's (issue 22)
+    if isinstance(local := n.get("preflight_gpus"), dict):  # a single-node replica's (collective pre-flight)
         lines.append(f"pre-flight on its GPUs: {local.get('busbw_gbps', 0):.3g} GB/s bus bandwidth "
                      f"({local.get('replica', '?')}, one node)")
     for w in n.get("warnings", []):
@@ -297,7 +297,7 @@ def _nics(nics: object) -> list[str]:
 
 
 def _member_preflight(p: object) -> list[str]:
-    """Each member's pre-flight (EngineReport.preflight, issue 22): node -> line."""
+    """Each member's pre-flight (EngineReport.preflight, the collective pre-flight): node -> line."""
     if not isinstance(p, dict) or not p:
         return []
     return ["Pre-flight:", *(f"  {node}: {line}" for node, line in sorted(p.items()))]

@@ -1,4 +1,4 @@
-"""`llmgw ctl usage [--api-key K] [--model M] [--since 24h] [-o table|json|csv]` (issue 24):
+"""`llmgw ctl usage [--api-key K] [--model M] [--since 24h] [-o table|json|csv]` (API keys and limits):
 what the routers metered per API key × model, as the server stores it (per hour and HTTP
 status). The table adds the hours up per key and model; json and csv give the rows.
 (`--api-key`, not `--key`: ctl's --key is the operator's CURVE key file.)"""

@@ -1,4 +1,4 @@
-"""API keys kept by the control plane (issue 24), pure: the record the store keeps, the
+"""API keys kept by the control plane (API keys and limits), pure: the record the store keeps, the
 secret's shape, its hash, and the limits a key carries.
 
 A secret is `llmgw-` and 43 characters of URL-safe base64 (32 random bytes): recognisable

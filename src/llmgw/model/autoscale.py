@@ -1,4 +1,4 @@
-"""A deployment's `autoscale` section (issue 25): replicas that follow load between `min`
+"""A deployment's `autoscale` section (elastic deployments): replicas that follow load between `min`
 and `max`. Pure data; the decision is server/elastic/decide.py's.
 
     autoscale:

@@ -1,4 +1,4 @@
-"""A lease of a key's allowance (issue 24): what the server grants a router and the router
+"""A lease of a key's allowance (API keys and limits): what the server grants a router and the router
 spends. The rules are server/tenants/leases.py's (the book) and router/tenants/wallet.py's (the wallet)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the agent's launcher and the server agree on about a failed pre-flight (issue 22).
+"""What the agent's launcher and the server agree on about a failed pre-flight (collective pre-flight).
 
 A gang member whose required pre-flight failed never starts its engine: the launcher
 says why in one log line (FAILED_LINE + the reason, e.g. "bus bandwidth 0.4 GB/s is below

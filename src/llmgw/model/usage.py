@@ -1,4 +1,4 @@
-"""Usage per API key × model × hour × HTTP status (issue 24), pure. Routers count, send
+"""Usage per API key × model × hour × HTTP status (API keys and limits), pure. Routers count, send
 batches with an id, and the server adds each batch once (a batch retried after a failover
 is counted once: the store remembers batch ids)."""
 

@@ -134,7 +134,7 @@ def _rows(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide]
         loaded = adapters.replica_adapters(r, head.engines.get(r.id))
         if loaded:
             row["adapters"] = list(loaded)
-        # Its engine's own key (issue 30), for the router's Authorization header; only where
+        # Its engine's own key (engine keys), for the router's Authorization header; only where
         # the agent reported one. ops.py gives it to routers only.
         rep = head.engines.get(r.id)
         if rep is not None and rep.api_key:

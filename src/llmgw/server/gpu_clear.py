@@ -1,4 +1,4 @@
-"""`ctl gpu clear NODE GPU` on the server (issue 30 item 3): find the GPU in the node's
+"""`ctl gpu clear NODE GPU` on the server (GPU health): find the GPU in the node's
 inventory (by index or UUID) and send its agent a ClearGpu, which forgets the GPU's Xid
 problems. Admin only, as every op that changes a node.
 

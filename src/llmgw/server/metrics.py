@@ -260,7 +260,7 @@ class _Collector:
         yield from (nodes, cordoned, draining, connected, gpus, replicas, desired, unschedulable, holding,
                     received, sent, send_dropped, refusals, zap, failures, failed_passes, placed,
                     decisions, auto_desired, auto_load, auto_routers, preemptions, preflight)
-        # Usage per API key × model and lease asks (issue 24): server/tenants/usage_metrics.py.
+        # Usage per API key × model and lease asks (API keys and limits): server/tenants/usage_metrics.py.
         # (getattr: the orchestrator stand-ins of the metrics tests carry no key store.)
         keys = getattr(o, "apikeys", None)
         yield from usage_families(keys.usage_totals if keys else None,

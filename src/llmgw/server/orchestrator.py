@@ -91,7 +91,7 @@ class Orchestrator:
         self.on_pass: Callable[[float, dict[str, Replica], dict[str, Replica]], None] = \
             lambda cost, before, after: None
         self.last_events: dict[str, StoredEvent] = {}
-        # The routers' load reports and the decisions they lead to (issue 25); its loop
+        # The routers' load reports and the decisions they lead to (elastic deployments); its loop
         # is started beside serve() (service.py).
         self.autoscaler = Autoscaler()
         # Nodes whose Hello reported engines this state has no record of (rebuild.py):

@@ -18,7 +18,7 @@ from llmgw.server.store.sql import StoredEvent
 
 
 def _storage(s: StorageReport) -> dict[str, Any]:
-    # Where an engine with no copy downloads, and the space there (issue 23): -1 unknown.
+    # Where an engine with no copy downloads, and the space there (weights the node holds): -1 unknown.
     where = {"download_dir": s.download_dir, "download_free": s.download_free} if s.download_dir else {}
     if not s.asked:
         return {"asked": False, **where}
@@ -78,7 +78,7 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "labels": dict(node.info.labels),
         "fabrics": [{"name": f.name, "state": str(f.state), "hcas": list(f.hcas)}
                     for f in inv.fabrics],
-        # Each HCA's ports and what the HCA watch says (issue 22): one with problems does
+        # Each HCA's ports and what the HCA watch says (collective pre-flight): one with problems does
         # not count in its fabric, and the replicas riding it are moved.
         "hcas": [{"name": h.name, "healthy": h.healthy, "problems": list(h.problems),
                   "ports": [{"number": p.number, "state": p.state, "rate_gbps": p.rate_gbps}
@@ -138,7 +138,7 @@ def replica_rows(o: Cluster, last_events: Mapping[str, StoredEvent] | None = Non
     for r in sorted(o.replicas.values(), key=lambda r: r.id):
         row = replica_row(r)
         if r.state == ReplicaState.STARTING:
-            # A member downloading its weights (issue 23): node -> bytes on disk and rate.
+            # A member downloading its weights (weights the node holds): node -> bytes on disk and rate.
             downloads = member_downloads(o, r)
             if downloads:
                 row["download"] = downloads
@@ -193,7 +193,7 @@ def describe_deployment(o: Cluster, d: Deployment, events: list[StoredEvent]) ->
         "replica_list": [replica_row(r) for r in mine],
         "pending": {r.id: o.pending[r.id] for r in mine if r.id in o.pending},
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
-        # More adapters than LoRA slots: how they share them (issue 23).
+        # More adapters than LoRA slots: how they share them (LoRA adapters).
         **({"lora": sharing} if (sharing := lora_sharing(d)) else {}),
     }
 
@@ -202,7 +202,7 @@ def describe_node(o: Cluster, node: Node, now: float) -> dict[str, Any]:
     """A node as `ctl status` shows it, with the replicas that have a member on it."""
     mine = sorted((r for r in o.replicas.values() if node.node_id in r.node_ids),
                   key=lambda r: r.id)
-    # The last passed pre-flight of each of the node's fabrics (issue 22).
+    # The last passed pre-flight of each of the node's fabrics (collective pre-flight).
     mine_fabrics = {f.name for f in node.inventory.fabrics}
     figures = {f: v for f, v in preflight_by_fabric(o).items() if f in mine_fabrics}
     # And the last passed one of a single-node replica on its GPUs (NVLink or PCIe).
@@ -220,7 +220,7 @@ def describe_replica(o: Cluster, r: Replica, events: list[StoredEvent]) -> dict[
         "pending": o.pending.get(r.id, ""),
         "last_log_tail": list(r.last_log_tail),
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
-        # Which HCA each gang member's GPUs ride (issue 22).
+        # Which HCA each gang member's GPUs ride (collective pre-flight).
         "nics": member_nics(r.members, {n: v.inventory for n, v in o.cp.nodes.items()}),
         **_engine_facts(o, r),
     }
@@ -240,7 +240,7 @@ def member_downloads(o: Cluster, r: Replica) -> dict[str, str]:
 
 
 def _engine_facts(o: Cluster, r: Replica) -> dict[str, Any]:
-    """What each member's engine reported of this generation (issue 23): the weights it
+    """What each member's engine reported of this generation (weights the node holds): the weights it
     loads, node -> line; and, where the spec has adapters, node -> {loaded, errors}."""
     weights: dict[str, str] = {}
     adapters: dict[str, dict[str, list[str]]] = {}
@@ -255,7 +255,7 @@ def _engine_facts(o: Cluster, r: Replica) -> dict[str, Any]:
             adapters[m.node_id] = {"loaded": list(rep.adapters), "errors": list(rep.adapter_errors)}
     return {"weights": weights, "download": member_downloads(o, r),
             **({"adapters": adapters} if r.spec.adapters else {}),
-            # Each member's pre-flight (issue 22), node -> line: running, passed with its
+            # Each member's pre-flight (collective pre-flight), node -> line: running, passed with its
             # figures, failed with why.
             "preflight": member_preflight(r, reports)}
 
@@ -303,7 +303,7 @@ def fabric_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport
 def local_preflight(replicas: Iterable[tuple[Replica, Mapping[str, EngineReport]]]
                     ) -> dict[str, Any]:
     """Of the single-node replicas whose probe passed (a tensor-parallel one that asks,
-    issue 22), the one placed last: {"replica", "busbw_gbps" (GB/s at the probe's largest
+    the collective pre-flight), the one placed last: {"replica", "busbw_gbps" (GB/s at the probe's largest
     size), "line"}; {} when none. The figure of a node's own GPU links, not a fabric's."""
     best: dict[str, Any] = {}
     when = -1.0
@@ -337,6 +337,6 @@ def status_document(o: Cluster, now: float) -> dict[str, Any]:
     notes += o.rebuild_notes
     return {**status_view(o.cp, now),
             "deployments": deployment_rows(o), "replicas": replica_rows(o, o.last_events),
-            "notes": notes, "preflight": preflight_by_fabric(o),  # per fabric (issue 22)
-            # Per API key x model since this server started (issue 24; `ctl usage`: stored).
+            "notes": notes, "preflight": preflight_by_fabric(o),  # per fabric (collective pre-flight)
+            # Per API key x model since this server started (API keys and limits; `ctl usage`: stored).
             "usage": o.apikeys.usage_totals.rows()}

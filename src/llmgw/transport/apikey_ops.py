@@ -1,4 +1,4 @@
-"""The ops of API keys kept by the server (issue 24): what `ctl apikey` asks, and the key
+"""The ops of API keys kept by the server (API keys and limits): what `ctl apikey` asks, and the key
 table routers poll. Members of the Op union in requests.py.
 
 The secret never travels: ctl makes it, prints it once and sends its SHA-256 and prefix.

@@ -60,10 +60,14 @@ def _make(*, detailed: bool) -> cattrs.Converter:
     # server before) reads as "" (none), as every defaulted field does.
     conv.register_unstructure_hook(GangSpec, make_dict_unstructure_fn(
         GangSpec, conv, weights_path=override(omit_if_default=True)))
-    # An engine's key likewise (issue 30): a report without one is what it was before, so
+    # An engine's key likewise (engine keys): a report without one is what it was before, so
     # that a server from before keys still reads an agent's reports of keyless engines.
     conv.register_unstructure_hook(EngineReport, make_dict_unstructure_fn(
         EngineReport, conv, api_key=override(omit_if_default=True)))
+    # KV-cache events likewise: a desired set without them is what it was before the key,
+    # which an agent from before (forbid_extra_keys) still reads.
+    conv.register_unstructure_hook(EngineSpec, make_dict_unstructure_fn(
+        EngineSpec, conv, kv_events=override(omit_if_default=True)))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv

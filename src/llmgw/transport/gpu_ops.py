@@ -1,4 +1,4 @@
-"""`ctl gpu clear NODE GPU` (issue 30 item 3): the operator says a GPU's Xid problems were
+"""`ctl gpu clear NODE GPU` (GPU health): the operator says a GPU's Xid problems were
 dealt with (the GPU was reset, or the Xid was judged harmless). A member of the Op union
 in requests.py; the server turns it into a ClearGpu message to the node's agent.
 

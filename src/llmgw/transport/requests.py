@@ -121,7 +121,7 @@ class ModelLoad:
 
 @frozen
 class LoadReportOp:
-    """A router's load per served name (issue 25): every `load_report_interval`, and at
+    """A router's load per served name (elastic deployments): every `load_report_interval`, and at
     once when it starts holding requests for a model with nothing ready (a wake)."""
 
     models: dict[str, ModelLoad] = field(factory=dict, validator=_bounded_models)
@@ -152,7 +152,7 @@ Op = (
     | LogsOp
     | RediscoverOp
     | LoadReportOp
-    # API keys (issue 24): transport/apikey_ops.py
+    # API keys and limits: transport/apikey_ops.py
     | ApiKeyCreateOp
     | ApiKeyUpdateOp
     | ApiKeyRevokeOp
@@ -162,7 +162,7 @@ Op = (
     | UsageReportOp
     | UsageOp
     | LeaseOp
-    # ctl gpu clear (issue 30): transport/gpu_ops.py
+    # ctl gpu clear (GPU health): transport/gpu_ops.py
     | GpuClearOp
 )
 
@@ -188,7 +188,7 @@ class Endpoint:
     # here. Sent only when there are some, so a router from before adapters reads the rest.
     adapters: tuple[str, ...] = ()
     # The engine's own API key, which the router sends it as `Authorization: Bearer`
-    # (issue 30). Sent only where there is one, and only to routers.
+    # (engine keys). Sent only where there is one, and only to routers.
     key: str = field(default="", validator=lambda _, __, v: check_engine_key(v), repr=False)
 
 

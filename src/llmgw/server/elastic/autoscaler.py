@@ -1,4 +1,4 @@
-"""The autoscaler's loop (issue 25): the routers' load reports in, replica counts out.
+"""The autoscaler's loop (elastic deployments): the routers' load reports in, replica counts out.
 
 Twice per interval (the shortest `load_report_interval` the live routers report at; 5 s
 while none does; twice, so that a load step waits at most half an interval after the

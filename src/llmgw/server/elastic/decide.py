@@ -1,4 +1,4 @@
-"""The autoscaler's decision (issue 25), pure: load samples in, a replica count and its
+"""The autoscaler's decision (elastic deployments), pure: load samples in, a replica count and its
 reason out. No clock, no sockets: the server feeds it the routers' summed reports.
 
 The rules, for a deployment with `autoscale` (model/autoscale.py):

@@ -1,4 +1,4 @@
-"""The routers' load reports, summed per deployment (issue 25). Pure: reports and times in,
+"""The routers' load reports, summed per deployment (elastic deployments). Pure: reports and times in,
 LoadSamples out; no clock (the caller says when a report arrived and what time it is).
 
 Each router's latest report is kept, by the router's identity (its key's name: a router

@@ -275,7 +275,8 @@ async def run_plane(
     ctl, and each router once a second), so that a key revoked a moment ago is refused
     on its next request, not at the next tick. `not_leader` (a leader's term): once
     cancelled, every request taken and not answered yet, and every one still queued, is
-    answered NotLeader(not_leader()) at once, not left to the client's timeout (issue 19).
+    answered NotLeader(not_leader()) at once, not left to the client's timeout (failover
+    past a frozen leader).
     """
     pending: set[tuple[bytes, str]] = set()  # deferred requests not answered yet
 

@@ -1,4 +1,4 @@
-"""Priorities when GPUs run out (issue 25), pure: deployments, replicas and placement's
+"""Priorities when GPUs run out (elastic deployments), pure: deployments, replicas and placement's
 reasons in, at most one step down of a lower-priority deployment out.
 
 A deployment with a replica that placement could not put anywhere for lack of free GPUs

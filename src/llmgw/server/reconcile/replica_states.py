@@ -29,7 +29,7 @@ class ReplicaEvent(enum.StrEnum):
     ENGINES_READY = "engines_ready"  # every member's engine reports ready
     ENGINE_UNHEALTHY = "engine_unhealthy"  # a member's engine answers badly
     ENGINES_STARTING = "engines_starting"  # every member reported, not all ready yet
-    # A member reports its pre-flight probe running (issue 22): the engines wait on it.
+    # A member reports its pre-flight probe running (collective pre-flight): the engines wait on it.
     # Passed everywhere: the members' engine states decide, as for any placed replica; a
     # failed one ends the member's launcher (exit 3), which is FAILED.
     PREFLIGHT_RUNNING = "preflight_running"

@@ -1,4 +1,4 @@
-"""Sleeping replicas (issue 25, autoscale.sleep_when_idle), the server's side. Pure.
+"""Sleeping replicas (elastic deployments, autoscale.sleep_when_idle), the server's side. Pure.
 
 Where a deployment with `idle_to_zero` would go to zero, one with `sleep_when_idle` stays
 at its count and is marked `asleep` (Deployment.asleep, stored like `replicas`): its

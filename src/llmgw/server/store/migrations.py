@@ -56,7 +56,7 @@ _V2 = (
     "INSERT INTO leader (id, epoch, holder, address, expires) VALUES (1, 0, '', '', 0)",
 )
 
-# Version 3: tenants (issue 24). API keys by name (only the secret's hash is kept); usage
+# Version 3: tenants (API keys and limits). API keys by name (only the secret's hash is kept); usage
 # per key x model x hour x status, added to in place; the ids of the usage batches already
 # added, so that a batch a router sends again (after a failover) counts once.
 def _v3(real: str, big: str) -> tuple[str, ...]:

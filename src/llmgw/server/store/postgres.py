@@ -6,7 +6,7 @@ psycopg's async API needs asyncio, and one round trip costs about what SQLite's 
 does. Two connections per server: one for the state, one for the lease alone, so that a
 renewal never waits behind a pass's writes.
 
-Fencing takes no lock that a takeover could wait on (issue 19: a leader frozen inside a
+Fencing takes no lock that a takeover could wait on (failover past a frozen leader: a leader frozen inside a
 write held the lease row FOR SHARE, and every standby's takeover waited for it for as long
 as it was frozen). Instead:
 

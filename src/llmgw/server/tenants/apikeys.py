@@ -1,4 +1,4 @@
-"""API keys kept by the server (issue 24): the `ctl apikey` ops and the key table routers
+"""API keys kept by the server (API keys and limits): the `ctl apikey` ops and the key table routers
 poll, over the store (only hashes are kept).
 
 The table's version is a digest of its content, not a counter: a router that polled one

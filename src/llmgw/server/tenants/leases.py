@@ -1,4 +1,4 @@
-"""Leases of a key's allowance for routers (issue 24), pure: exact rate limits across any
+"""Leases of a key's allowance for routers (API keys and limits), pure: exact rate limits across any
 number of routers with no round trip per request, and across a change of leader.
 
 A limit is L units (requests or tokens) per `window` seconds, sliding: in no window of

@@ -1,4 +1,4 @@
-"""The server's side of per-key limits (issue 24): one LeaseBook per (key, limit), leases
+"""The server's side of per-key limits (API keys and limits): one LeaseBook per (key, limit), leases
 granted to routers on their ask (LeaseOp). Why the sum over routers stays within a limit
 is server/tenants/leases.py's docstring; the router's side is router/limits.py.
 

@@ -1,4 +1,4 @@
-"""Slots of a key's concurrency for routers (issue 24), pure: at most `concurrency`
+"""Slots of a key's concurrency for routers (API keys and limits), pure: at most `concurrency`
 requests of a key run at once, summed over every router, with no round trip per request.
 
 A key's concurrency is C slots. The server leases slots to routers (a grant of n slots,

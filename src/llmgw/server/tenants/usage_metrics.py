@@ -1,4 +1,4 @@
-"""Prometheus per API key × model on the server (issue 24): what the routers' usage
+"""Prometheus per API key × model on the server (API keys and limits): what the routers' usage
 batches added since this server started (counters), and the leases granted and refused.
 The label values are key names and model names: operators create the keys, so the label
 set is theirs (at most 4,096 keys)."""

@@ -136,7 +136,7 @@ function deploymentRow(d) {
     el("td", {}, stateBadge(String(d.status).startsWith("unschedulable") ? "pending" : d.status)));
 }
 
-// The last passed pre-flight on the fabric (issue 22; the document's "preflight").
+// The last passed pre-flight on the fabric (collective pre-flight; the document's "preflight").
 function preflightCell(p) {
   if (!p) return el("td", {"data-field": "preflight"}, el("span", {class: "muted"}, "-"));
   const who = Object.keys(p.members || {}).sort().join(", ");
@@ -173,7 +173,7 @@ function render(doc) {
   const islands = doc.islands || [];
   document.getElementById("islands").textContent = islands.length
     ? "Islands (no fabric; single-node replicas only): " + islands.join(", ") : "";
-  // Usage per API key and model (issue 24): shown once routers have metered some.
+  // Usage per API key and model (API keys and limits): shown once routers have metered some.
   const usage = doc.usage || [];
   document.getElementById("usage-section").hidden = !usage.length;
   fillBody("usage", usage.map((u) => el("tr", {"data-usage": u.api_key + "/" + u.model},
