@@ -41,6 +41,7 @@ _OPTIONAL = (
     "preflight_timeout",
     "preflight_min_busbw",
     "asleep",
+    "kv_events",
 )
 # A name ends up in replica ids, file names and log lines: keep it plain.
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -126,6 +127,12 @@ def parse_deployment(data: Any, source: str) -> Deployment:
         if data["asleep"] and not (kwargs.get("autoscale") and kwargs["autoscale"].sleep_when_idle):
             raise err("asleep", "needs autoscale.sleep_when_idle")
         kwargs["asleep"] = data["asleep"]
+    if "kv_events" in data:
+        if not isinstance(data["kv_events"], bool):
+            raise err("kv_events", "expected true or false")
+        if data["kv_events"] and engine is EngineKind.SIMULATED:
+            raise err("kv_events", "vLLM and SGLang engines only: the simulated engine publishes none")
+        kwargs["kv_events"] = data["kv_events"]
     if "priority" in data:
         p = data["priority"]
         if isinstance(p, bool) or not isinstance(p, int) or not -MAX_PRIORITY <= p <= MAX_PRIORITY:

@@ -126,10 +126,52 @@ def runtime_lora_refusal(args: Sequence[str], env: Mapping[str, str], lora_slots
             "adapters without LoRA on this deployment")
 
 
-def apply_refusal(d: Deployment) -> str:
-    """"" when a deployment may be applied as far as vLLM's serve rules go; else why not.
-    Checked at apply (ctl's file and the server's ApplyOp), not when a stored deployment
-    is read back: a server must still load the state an older version accepted."""
-    if d.engine is not EngineKind.VLLM:
+# SGLang 0.5.23's data parallelism (srt/arg_groups/fields/parallel.py: dp_size and
+# attn_dp_size with their aliases; the deprecated --enable-dp-attention only turns
+# --dp-size into attention DP, parallel_hook.py).
+_SGLANG_DP = ("--dp-size", "--data-parallel-size", "--attn-dp-size", "--attention-data-parallel-size")
+_KV_FLAG = "--kv-events-config"
+
+
+def _values(args: Sequence[str], names: Sequence[str]) -> list[str]:
+    """Every value given to one of `names` (--name V or --name=V, dashes or underscores)."""
+    out = []
+    for i, token in enumerate(args):
+        name, eq, inline = _flag(token).partition("=")
+        if name in names:
+            out.append(inline if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    return out
+
+
+def kv_events_refusal(d: Deployment) -> str:
+    """"" unless the deployment asks for kv_events with args that undo it: its own
+    --kv-events-config (argparse keeps the later one, the deployment's, and the agent
+    would listen where nothing publishes), or data parallelism, which offsets the
+    engine's event ports by the rank (vLLM 0.32 and SGLang 0.5.23 offset_endpoint_port)
+    beyond the two the engine's port block holds for them."""
+    if not d.kv_events:
         return ""
+    if any(_flag(t).partition("=")[0] == _KV_FLAG for t in d.args):
+        return (f"kv_events sets {_KV_FLAG} itself (a loopback socket the agent listens on): "
+                "leave it out of args, or turn kv_events off to publish where you choose")
+    if d.engine is EngineKind.VLLM:
+        dp = data_parallel_size(d.args)
+    else:
+        dp = max([_int(v) or 1 for v in _values(d.args, _SGLANG_DP)], default=1)
+    if dp > 1:
+        return (f"kv_events with data parallelism ({dp} ranks): each rank publishes on ports "
+                "offset by its rank, which the engine's port block has no room for; run the "
+                "ranks as replicas instead, or turn kv_events off")
+    return ""
+
+
+def apply_refusal(d: Deployment) -> str:
+    """"" when a deployment may be applied as far as the engines' serve rules go; else why
+    not. Checked at apply (ctl's file and the server's ApplyOp), not when a stored
+    deployment is read back: a server must still load the state an older version accepted."""
+    if d.engine not in (EngineKind.VLLM, EngineKind.SGLANG):
+        return ""
+    kv = kv_events_refusal(d)
+    if kv or d.engine is not EngineKind.VLLM:
+        return kv
     return runtime_lora_refusal(d.args, d.env, d.lora_slots)

@@ -48,6 +48,17 @@ ENGINE_PORT_BLOCK = 16
 SGLANG_NCCL_PORT = 0
 SGLANG_DIST_INIT = 1
 SGLANG_DIST_INIT_NEIGHBOURS = 6
+# KV-cache events (Deployment.kv_events) in the engine block, at its top: the engine's PUB
+# connects to KV_EVENTS_PUB on loopback, which the agent binds, and the engine binds its
+# replay ROUTER on KV_EVENTS_REPLAY, loopback only. vLLM's VLLM_PORT walk starts at the
+# bottom of the block and, without data parallelism (refused with kv_events), takes one
+# port there for torch.distributed's store (v1/executor/multiproc_executor.py,
+# get_open_port once); it reaches the top only with DP's five master ports and its fault
+# tolerance's world size + 1. SGLang uses the bottom eight at most (above). The last port
+# of the block stays the single-node pre-flight probe's (agent/engines/preflight.py
+# local_port), which runs before the engine, while the agent may already hold KV_EVENTS_PUB.
+KV_EVENTS_PUB = ENGINE_PORT_BLOCK - 3
+KV_EVENTS_REPLAY = ENGINE_PORT_BLOCK - 2
 
 
 class Strategy(enum.StrEnum):
@@ -103,6 +114,11 @@ class Deployment:
     preflight: str = ""
     preflight_timeout: float = 60.0
     preflight_min_busbw: float = 0.0  # GB/s at the largest size; 0: no floor
+    # The engines publish their KV-cache events (vLLM's and SGLang's --kv-events-config)
+    # to a loopback socket their agent binds. Off by default: the agent does not relay
+    # them to routers yet, so on they cost the engine a little and route nothing. It
+    # shapes the engine (a flag at start): in template_hash.
+    kv_events: bool = False
 
     @property
     def gang(self) -> bool:
@@ -158,6 +174,7 @@ class Deployment:
             **({"priority": self.priority} if self.priority else {}),
             **({"asleep": True} if self.asleep else {}),
             **self._plain_preflight(),
+            **({"kv_events": True} if self.kv_events else {}),
         }
 
     def _plain_preflight(self) -> dict[str, Any]:
@@ -211,6 +228,8 @@ class Deployment:
         # engine. A key only when set, so that every hash from before stands.
         if self.sleep_mode:
             data["sleep_mode"] = True
+        if self.kv_events:  # likewise: a key only when on
+            data["kv_events"] = True
         raw = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -349,6 +368,7 @@ class Replica:
                     max_lora_rank=d.max_lora_rank,
                     sleep_mode=d.sleep_mode,
                     asleep=d.asleep,
+                    kv_events=d.kv_events,
                     **(_single_preflight(d) if gang is None else {}),
                 )
             )

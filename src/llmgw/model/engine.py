@@ -124,6 +124,10 @@ class EngineSpec:
     # Wanted asleep now (POST /sleep; False: POST /wake_up): changes in place, same
     # generation, as the adapters do.
     asleep: bool = False
+    # The engine publishes its KV-cache events (Deployment.kv_events): --kv-events-config
+    # pointed at loopback ports of its block (KV_EVENTS_PUB, KV_EVENTS_REPLAY), on the
+    # rank that runs the scheduler.
+    kv_events: bool = False
 
     @property
     def key(self) -> tuple[str, int]:

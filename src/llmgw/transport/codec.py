@@ -19,7 +19,7 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
-from llmgw.model.engine import EngineReport, GangSpec
+from llmgw.model.engine import EngineReport, EngineSpec, GangSpec
 from llmgw.transport import messages
 from llmgw.transport.messages import Heartbeat, HeartbeatAck, Message
 from llmgw.transport.requests import Op, op_name
@@ -60,14 +60,15 @@ def _make(*, detailed: bool) -> cattrs.Converter:
     # server before) reads as "" (none), as every defaulted field does.
     conv.register_unstructure_hook(GangSpec, make_dict_unstructure_fn(
         GangSpec, conv, weights_path=override(omit_if_default=True)))
+    # KV-cache events likewise: a desired set without them is what it was before the key,
+    # which an agent from before (forbid_extra_keys) still reads. Registered before
+    # EngineReport's, whose `spec` is one.
+    conv.register_unstructure_hook(EngineSpec, make_dict_unstructure_fn(
+        EngineSpec, conv, kv_events=override(omit_if_default=True)))
     # An engine's key likewise (engine keys): a report without one is what it was before, so
     # that a server from before keys still reads an agent's reports of keyless engines.
     conv.register_unstructure_hook(EngineReport, make_dict_unstructure_fn(
         EngineReport, conv, api_key=override(omit_if_default=True)))
-    # KV-cache events likewise: a desired set without them is what it was before the key,
-    # which an agent from before (forbid_extra_keys) still reads.
-    conv.register_unstructure_hook(EngineSpec, make_dict_unstructure_fn(
-        EngineSpec, conv, kv_events=override(omit_if_default=True)))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv

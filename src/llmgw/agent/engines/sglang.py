@@ -26,12 +26,22 @@ adapters are given at start and never loaded at runtime: SGLang 0.5.23 has
 /load_lora_adapter, but without --lora-paths it must be told --lora-target-modules up
 front, which llmgw cannot know, and no SGLang engine runs in the test tiers to check it
 on. A change of adapters therefore rolls an SGLang deployment (Deployment.template_hash).
+
+KV-cache events (agent/engines/kv_events.py): the same `--kv-events-config` as vLLM's,
+parsed by SGLang 0.5.23 into its own pydantic KVEventsConfig
+(srt/disaggregation/kv_events.py), which differs from vLLM's: no enable_kv_cache_events
+(unknown keys are ignored; the flag itself turns events on), publisher "null" by default
+(so llmgw names "zmq"), a `bind` key and "0.0.0.0" also read as bind, a `format`
+("default", or "dynamo" whose block hashes fold in extra_key and cache_salt), and no
+`extra_keys` on its BlockStored. It goes after SGLang's own flags and before the
+deployment's args, on rank 0 only.
 """
 
 from __future__ import annotations
 
 from attrs import evolve
 
+from llmgw.agent.engines import kv_events
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.config.agent import AgentConfig
 from llmgw.model.deployment import SGLANG_DIST_INIT, SGLANG_NCCL_PORT
@@ -89,6 +99,8 @@ def sglang_plan(
     before the deployment's args, so that its own --download-dir wins."""
     if download_dir:
         spec = evolve(spec, args=("--download-dir", download_dir, *spec.args))
+    if kv_events.publishes(spec):
+        spec = evolve(spec, args=(kv_events.FLAG, kv_events.sglang_config(spec), *spec.args))
     # Ranks other than 0 run a dummy health server that always says 200: liveness only.
     rank0 = spec.gang is None or spec.gang.rank == 0
     return LaunchPlan(

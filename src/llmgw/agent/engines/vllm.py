@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from attrs import evolve
 
+from llmgw.agent.engines import kv_events
 from llmgw.agent.engines.plan import LaunchPlan, ProcessPlan
 from llmgw.agent.engines.ray import RAY_DRAIN_ENV, ray_address, ray_start_argv, ray_status_argv, ray_temp_dir
 from llmgw.config.agent import AgentConfig
@@ -134,6 +135,10 @@ def vllm_plan(
         # deployment's own.
         spec = evolve(spec, args=(SLEEP_FLAG, *spec.args))
         env = {**env, DEV_MODE_ENV: "1"}
+    if kv_events.publishes(spec):
+        # Before the deployment's args, as --download-dir is; one of its own is refused at
+        # apply (agent/engines/kv_events.py says why).
+        spec = evolve(spec, args=(kv_events.FLAG, kv_events.vllm_config(spec), *spec.args))
     gang = spec.gang
     if gang is None or gang.nnodes <= 1:
         argv = single_node_argv(engine, spec, config)
