@@ -29,8 +29,10 @@ from llmgw.router.connection import sockio
 from llmgw.router.connection.http import ClientConn, H1Error, Request
 from llmgw.router.connection.jsondepth import MAX_DEPTH, too_deep
 from llmgw.router.connection.lag import LagMeter, watch_lag
-from llmgw.router.connection.upstream import ClientGone, Failed, Relay, UpstreamPool, fetch_text
+from llmgw.router.connection.relay import ClientGone, Failed, Relay
+from llmgw.router.connection.upstream import UpstreamPool, fetch_text
 from llmgw.router.errors import ApiError
+from llmgw.router.exchange import Exchange
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.routing.admission import Gate, Refused
@@ -298,16 +300,14 @@ class Router:
 
     async def proxy(self, client: ClientConn, req: Request, path: bytes) -> None:
         t0 = trio.current_time()
-        model = ""
+        ex = Exchange(client, req, path, t0)
         status = 500
         metrics = self.metrics
         metrics.in_flight += 1
-        key: ApiKey | ApiKeyRecord | None = None
-        tap: UsageTap | None = None
         charge: Charge | None = None
         metered = self.key_table.in_use  # the server's keys: usage per key × model
         try:
-            key = self._auth(req)
+            key = ex.key = self._auth(req)
             if too_deep(req.body):
                 raise errors.too_deep(MAX_DEPTH)
             try:
@@ -337,19 +337,19 @@ class Router:
                     raise errors.no_replica(m)
                 if pool is None:
                     raise errors.unknown_model(m)
-            model = m
+            ex.model = m
             if isinstance(key, ApiKeyRecord) and self.limiter.applies(key):
                 tokens = estimate(body, len(req.body))
                 charge = (self.limiter.admit_now(key, tokens, now)
                           or await self.limiter.admit(key, tokens))
-            streaming = body.get("stream") is True
-            send_body = None
+            streaming = ex.streaming = body.get("stream") is True
             if metered:
                 # An HTTP/1.0 client's stream comes unchunked: the usage event could not be
                 # taken out, so the engine is not asked for it (its tokens go uncounted).
-                send_body = usage_body(body, req.body) if streaming and not client.http10 else None
-                tap = UsageTap(streaming, send_body is not None)
-            akey = prefix_key(body, pool.prefix_chars) if pool.affinity else None
+                ex.body = usage_body(body, req.body) if streaming and not client.http10 else None
+                ex.tap = UsageTap(streaming, ex.body is not None)
+            if pool.affinity:
+                ex.affinity = prefix_key(body, pool.prefix_chars)
             gate = self.gates.get(m)
             if gate is None:
                 gate = self.gates[m] = Gate(self.config.queue_size, self.config.queue_wait)
@@ -361,8 +361,7 @@ class Router:
                     raise errors.overloaded(m, str(exc)) from None
                 pool = self.table.pools.get(m) or pool  # the table may have moved on meanwhile
             try:
-                status = await self._forward(client, req, path, pool, akey, streaming, model, t0,
-                                             tap, send_body)
+                status = await self._forward(ex, pool)
             finally:
                 gate.leave(self._capacity(m))
         except ApiError as err:
@@ -373,6 +372,7 @@ class Router:
             metrics.in_flight -= 1
             end = trio.current_time()
             took = end - t0
+            model, key, tap = ex.model, ex.key, ex.tap
             metrics.done(model, status, took)
             if charge is not None:
                 self.limiter.settle(charge, tap.prompt + tap.completion
@@ -382,33 +382,23 @@ class Router:
                                tap.prompt if tap is not None else 0,
                                tap.completion if tap is not None else 0, took, time.time())
 
-    async def _forward(
-        self,
-        client: ClientConn,
-        req: Request,
-        path: bytes,
-        pool: Any,
-        akey: str | None,
-        streaming: bool,
-        model: str,
-        now: float,
-        tap: UsageTap | None = None,
-        body: bytes | None = None,
-    ) -> int:
-        """Try up to MAX_TRIES replicas; returns the status the client got. `now`: when
-        the request came (the clock is read again only for a further try)."""
+    async def _forward(self, ex: Exchange, pool: Any) -> int:
+        """Try up to MAX_TRIES replicas; returns the status the client got. The clock is
+        read again only for a further try (the first goes at the request's `t0`)."""
         tried: tuple[Replica, ...] = ()
         last = ""
+        now = ex.t0
+        model = ex.model
         for _ in range(MAX_TRIES):
             if tried:
                 now = trio.current_time()
-            r = pool.choose(now, self._stale, akey, tried)
+            r = pool.choose(now, self._stale, ex.affinity, tried)
             if r is None:
                 break
             tried += (r,)
             r.outstanding += 1
             try:
-                return await self.relay.run(client, req, path, r, streaming, model, now, tap, body)
+                return await self.relay.run(ex, r, now)
             except ClientGone:
                 return 499  # the client went away; nothing to answer
             except Failed as f:
