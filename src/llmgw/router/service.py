@@ -71,11 +71,11 @@ class Router:
         }
         self.table = EndpointTable(policies)
         self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
-        # The server's keys (issue 24); once it has any, they win over api_keys_file.
+        # The server's API keys (API keys and limits); once it has any, they win over api_keys_file.
         self.key_table = KeyTable()
-        # Usage per key × model, metered while the server's keys are in use (issue 24).
+        # Usage per key × model, metered while the server's keys are in use.
         self.usage = UsageMeter()
-        # Per-key rpm, tpm, budgets (leases from the server) and concurrency (issue 24).
+        # Per-key rpm, tpm, budgets (leases from the server) and concurrency (API keys and limits).
         self.limiter = Limiter(None)
         self.metrics = RouterMetrics()
         self.lag = LagMeter()
@@ -86,7 +86,7 @@ class Router:
         # Per served model: its admission queue (models of the table only: bounded).
         self.gates: dict[str, Gate] = {}
         self._per_replica = config.max_requests_per_replica
-        # Autoscale (issue 25): requests held for models at zero, arrivals per model for
+        # Autoscale (scale to zero): requests held for models at zero, arrivals per model for
         # the load report, and the event that sends a report at once (a wake).
         self.holds = Holds(config.hold_queue, config.cold_start_budget)
         self.load = LoadCounter()
@@ -553,6 +553,6 @@ async def run_router(config: RouterConfig, request: Callable[..., Awaitable[Any]
     async def sink(op: LoadReportOp) -> object:
         return await reporter(config.keys.secret_key, config.keys.server_key, op, timeout)
 
-    # API keys, usage and limits (issue 24): on clients of their own too.
+    # API keys, usage and limits: on clients of their own too.
     await serve_router(config, table_source=source, load_sink=sink,
                        **tenant_sources(config, request))

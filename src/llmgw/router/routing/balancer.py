@@ -73,7 +73,7 @@ class Replica:
         self.host = ""
         self.port = 0
         self.authority = b""
-        # The header line that carries the engine's own key upstream (issue 30), set
+        # The header line that carries the engine's own key upstream (engine API keys), set
         # from the endpoint table (router/routing/table.py); b"": the engine has none.
         self.auth = b""
         self.set_url(url)

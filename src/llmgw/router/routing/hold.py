@@ -1,4 +1,4 @@
-"""Holding requests for a model scaled to zero (issue 25) until its first replica is ready.
+"""Holding requests for a model scaled to zero until its first replica is ready.
 
 The endpoint table lists such a model as `cold`: routable though nothing of it is ready.
 Its requests wait here, at most `size` per model and each at most `budget` from when it

@@ -1,4 +1,4 @@
-"""The router's load per model, reported to the server for the autoscaler (issue 25).
+"""The router's load per model, reported to the server for the autoscaler (scale to zero).
 
 Every `load_report_interval`, and at once when a model's first request is held (a wake),
 the router sends a LoadReportOp: per served name its own in-flight count (summed over

@@ -1,4 +1,4 @@
-"""The API keys the server keeps (issue 24), as a router holds them: a table polled like
+"""The API keys the server keeps (API keys and limits), as a router holds them: a table polled like
 the endpoint table (every `key_table_interval`, 1 s by default), versioned, kept as it is
 while the server is away.
 

@@ -1,4 +1,4 @@
-"""The router's lease conversation with the leader (issue 24), for router/tenants/limits.py's
+"""The router's lease conversation with the leader (API keys and limits), for router/tenants/limits.py's
 admission: the asks (a lease's slice, or nothing), the leader's term, a new term's hold and
 the declarations it waits for, the renewal of concurrency slots, the give-back of what ran
 out, and whether the server is reachable (server/tenants/limits.py is the other end).

@@ -1,4 +1,4 @@
-"""Per-key limits at the router (issue 24): rpm, tpm and budgets spent from leases the
+"""Per-key limits at the router (API keys and limits): rpm, tpm and budgets spent from leases the
 server grants (router/tenants/wallet.py; the server's side is server/tenants/limits.py), and concurrent
 requests counted here. The asks, the leader's terms and the renewals are router/tenants/leases.py's.
 

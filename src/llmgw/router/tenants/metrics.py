@@ -1,4 +1,4 @@
-"""The router's metrics of API keys, usage and limits (issue 24): how many keys it checks,
+"""The router's metrics of API keys, usage and limits: how many keys it checks,
 whether the server answers its lease asks, what it admitted without a lease, and the
 usage it has not yet handed over."""
 

@@ -1,4 +1,4 @@
-"""A router's slots of one key's concurrency (issue 24), pure: the slot grants it holds
+"""A router's slots of one key's concurrency (API keys and limits), pure: the slot grants it holds
 and the requests it runs on them (server/tenants/slots.py says why the sum over routers
 stays within the key's concurrency).
 

@@ -1,4 +1,4 @@
-"""The server's side of API keys as a router reaches it (issue 24): the key table source,
+"""The server's side of API keys as a router reaches it: the key table source,
 the usage sink and the lease ask, each on a client of its own (one request at a time
 each: a slow usage report never holds up a lease a request waits for). Used by
 `llmgw router` (service.run_router) and `llmgw dev`."""

@@ -1,4 +1,4 @@
-"""Usage per API key × model (issue 24), router side, pure: the tap that reads the
+"""Usage per API key × model (API keys and limits), router side, pure: the tap that reads the
 engine's `usage` from an answer as it is relayed, and the meter that adds it up and hands
 out batches for the server.
 

@@ -1,4 +1,4 @@
-"""Sending the router's usage to the server every `usage_report_interval` (issue 24): the
+"""Sending the router's usage to the server every `usage_report_interval` (API keys and limits): the
 trio shell around UsageMeter (router/tenants/usage.py). A batch that failed is sent again, with
 its id, until the server has it; on shutdown the last one gets a short, shielded try."""
 

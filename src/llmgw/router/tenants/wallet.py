@@ -1,4 +1,4 @@
-"""A router's leases of one limit (issue 24), pure: admitted requests spend them locally, no
+"""A router's leases of one limit (API keys and limits), pure: admitted requests spend them locally, no
 round trip per request; what ran out is given back to the server (server/tenants/leases.py says
 why the sum over routers stays within the limit).
 
