@@ -106,7 +106,7 @@ class Deployment:
     # of going to zero): state like `replicas`, out of template_hash; the running engines
     # are put to sleep and woken in place (server/reconcile/sleeping.py, agent/lifecycle/sleep.py).
     asleep: bool = False
-    # The collective pre-flight each member runs before its engine (issue 22): "required",
+    # The collective pre-flight each member runs before its engine: "required",
     # "best_effort", "off"; "" the default, required for a multi-node vLLM or SGLang
     # replica (the simulated engine's would need a torch it does not bring: asked for
     # only), none for one node (asked for only, on several GPUs: preflight_mode). Like
@@ -236,7 +236,7 @@ class Deployment:
 
 class ReplicaState(enum.StrEnum):
     PENDING = "pending"  # not placed (unschedulable for now, reason given)
-    # Placed; its members' launchers run the pre-flight probe (issue 22) before the engines.
+    # Placed; its members' launchers run the pre-flight probe (collective pre-flight) before the engines.
     PREFLIGHT = "preflight"
     STARTING = "starting"  # placed; engines not all ready yet
     READY = "ready"

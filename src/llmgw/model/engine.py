@@ -62,7 +62,7 @@ class GangSpec:
     ray_port: int = 0  # GCS port of this replica's own Ray cluster (launch_mode ray)
     # First of a block of ports on this node reserved for this replica's Ray processes.
     ray_port_base: int = 0
-    # The pre-flight before the engine (issue 22, agent/engines/preflight.py): "required"
+    # The pre-flight before the engine (collective pre-flight, agent/engines/preflight.py): "required"
     # (the engine starts only if the probe passed), "best_effort" (it starts anyway) or ""
     # (none). Bounded by preflight_timeout seconds; below preflight_min_busbw GB/s of bus
     # bandwidth the probe fails (0: correctness and time only).
@@ -97,7 +97,7 @@ class EngineSpec:
     env: dict[str, str] = field(factory=dict)
     startup_timeout: float = 600.0  # seconds
     gang: GangSpec | None = None
-    # A single-node tensor-parallel replica's pre-flight (issue 22), as GangSpec's fields
+    # A single-node tensor-parallel replica's pre-flight (collective pre-flight), as GangSpec's fields
     # are a gang member's: "required", "best_effort" or "" (none; always "" on a gang
     # member, whose own is in `gang`).
     preflight: str = ""
@@ -178,7 +178,7 @@ class EngineReport:
     # requests only where it is loaded), and "name: why" for each it could not load.
     adapters: tuple[str, ...] = ()
     adapter_errors: tuple[str, ...] = ()
-    # The pre-flight before the engine (issue 22), one line: "" (none asked, or an agent
+    # The pre-flight before the engine (collective pre-flight), one line: "" (none asked, or an agent
     # from before), "running", "passed: gloo x2, 4 MiB at 1.15 GB/s bus bandwidth, in
     # 2.0s" or "failed: <why>" (agent/lifecycle/preflight_report.py); and the passed probe's bus
     # bandwidth at its largest size, GB/s (0: none measured).
@@ -188,7 +188,7 @@ class EngineReport:
     # bytes on disk so far and the rate, one line: "12.3 GB on disk, 210 MB/s"
     # (agent/lifecycle/download_progress.py). "": no download, or an agent from before.
     download: str = ""
-    # The engine's own API key (issue 30): what a router sends it as `Authorization:
+    # The engine's own API key (engine keys): what a router sends it as `Authorization:
     # Bearer`, over CURVE from the server's endpoint table. "": none (an engine that
     # serves no HTTP, an agent from before). Never in a repr (log lines).
     api_key: str = field(default="", validator=lambda _, __, v: check_engine_key(v), repr=False)
