@@ -11,7 +11,7 @@ import trio
 from llmgw.config.router import RouterConfig, RouterKeysConfig
 from llmgw.http1.request import Request
 from llmgw.router.connection.http import ClientConn
-from llmgw.router.service import Router
+from llmgw.router.front import Router
 
 
 async def exchange(port: int, data: bytes) -> bytes:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+JSON = b"application/json"  # the content type of an error's body (and of the router's JSON)
+
 
 class ApiError(Exception):
     """An answer to the client that is an error. Raised inside the router, never escapes."""
