@@ -83,6 +83,7 @@ PURE = (
     "llmgw.agent.**.adapters",
     "llmgw.agent.**.claims",
     "llmgw.agent.**.release",
+    "llmgw.agent.kvevents.stream",
     "llmgw.http1",
     "llmgw.http1.*",
     "llmgw.transport.messages",
@@ -92,6 +93,7 @@ PURE = (
     "llmgw.router.**.wallet",
     "llmgw.router.**.slots",
     "llmgw.router.**.jsondepth",
+    "llmgw.router.**.fairqueue",
 )
 
 # The trio shells inside a pure folder, left out of PURE's patterns.

@@ -6,6 +6,7 @@ the apply-time refusals of args that would undo it."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import attrs
 import msgpack
@@ -34,7 +35,7 @@ def config(mode: str = "mp") -> AgentConfig:
                                              sglang=SglangConfig(python="/opt/sglang/bin/python")))
 
 
-def spec(kind: EngineKind = EngineKind.VLLM, rank: int | None = None, **kw: object) -> EngineSpec:
+def spec(kind: EngineKind = EngineKind.VLLM, rank: int | None = None, **kw: Any) -> EngineSpec:
     gang = None if rank is None else GangSpec(2, rank, "10.0.0.1", 29600, ray_port=26379,
                                               ray_port_base=27000)
     base = EngineSpec("r1", 3, "a", "org/m", "m", kind, ("GPU-aaaa", "GPU-bbbb"), 20001,
@@ -47,7 +48,8 @@ def events_config(argv: tuple[str, ...]) -> dict[str, object] | None:
     if "--kv-events-config" not in argv:
         return None
     assert argv.count("--kv-events-config") == 1
-    return json.loads(argv[argv.index("--kv-events-config") + 1])  # type: ignore[no-any-return]
+    cfg: dict[str, object] = json.loads(argv[argv.index("--kv-events-config") + 1])
+    return cfg
 
 
 # ------------------------------------------------------------- the setting
