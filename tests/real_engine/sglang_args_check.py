@@ -12,7 +12,7 @@ from sglang.srt.server_args import ServerArgs
 
 KEYS = ("model_path", "served_model_name", "host", "port", "tp_size", "nnodes", "node_rank",
         "dist_init_addr", "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
-        "enable_metrics", "download_dir")
+        "enable_metrics", "download_dir", "kv_events_config")
 
 
 def main() -> None:
@@ -27,7 +27,13 @@ def main() -> None:
         except SystemExit as exc:
             out.append({"ok": False, "inexact": inexact, "error": f"exit {exc.code}"})
             continue
-        out.append({"ok": True, "inexact": inexact, "args": {k: getattr(a, k, None) for k in KEYS}})
+        res = {"ok": True, "inexact": inexact, "args": {k: getattr(a, k, None) for k in KEYS}}
+        if a.kv_events_config:
+            # Through SGLang's own KVEventsConfig, as its EventPublisherFactory reads it.
+            from sglang.srt.disaggregation.kv_events import KVEventsConfig
+
+            res["kv_events"] = KVEventsConfig.from_cli(a.kv_events_config).model_dump()
+        out.append(res)
     print(json.dumps(out, default=str))  # SGLang keeps --lora-paths as LoRARef objects
 
 

@@ -49,6 +49,9 @@ def _argvs() -> dict[str, list[str]]:
     fetch = EngineSpec("r1", 1, "q", "org/qwen", "qwen", EngineKind.SGLANG, (), 20001)
     weights = Weights("org/qwen", {"HF_HUB_CACHE": "/data/models"}, download_dir="/data/models")
     out["download"] = list(build_plan(fetch, cfg, "/w", gpu_indices={}, weights=weights).main.argv[3:])
+    events = EngineSpec("r1", 1, "q", "/models/qwen", "qwen", EngineKind.SGLANG, (), 20001,
+                        port_base=20100, kv_events=True)
+    out["kv-events"] = list(build_plan(events, cfg, "/w", gpu_indices={}).main.argv[3:])
     return out
 
 
@@ -101,3 +104,12 @@ def test_sglang_downloads_into_the_agents_download_dir(parsed: dict[str, dict]) 
 def test_sglang_plans_use_exact_flags(parsed: dict[str, dict]) -> None:
     for name, res in parsed.items():
         assert res["inexact"] == [], (name, res["inexact"])
+
+
+def test_sglang_reads_llmgws_kv_events_config(parsed: dict[str, dict]) -> None:
+    """SGLang's own KVEventsConfig from the plan's JSON: the zmq publisher (its default is
+    "null"), loopback ports of the block, connected to (no bind), the replica id as topic."""
+    cfg = parsed["kv-events"]["kv_events"]
+    assert (cfg["publisher"], cfg["topic"], cfg["bind"]) == ("zmq", "r1", None)
+    assert (cfg["endpoint"], cfg["replay_endpoint"]) == ("tcp://127.0.0.1:20113", "tcp://127.0.0.1:20114")
+    assert "kv_events" not in parsed["single-block"]

@@ -263,6 +263,25 @@ def _check(venv: Path, mode: str, argvs: list[list[str]]) -> list:
     return json.loads(r.stdout)  # type: ignore[no-any-return]
 
 
+def test_vllm_builds_llmgws_kv_events_config(vllm_venv: Path) -> None:
+    """The events config of a one-node plan and a gang head's, through vLLM's own parser
+    into its own KVEventsConfig: events on, the zmq publisher, loopback ports of the engine
+    block (the PUB's is connected to, having no "*"), the replica id as topic."""
+    argvs = []
+    for rank in (None, 0):
+        s = attrs.evolve(_spec(rank), port_base=30000, kv_events=True)
+        argvs.append(list(build_plan(s, _config("mp"), "/var/lib/llmgw-agent",
+                                     gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1}).main.argv[1:]))
+    off = list(build_plan(attrs.evolve(_spec(None), port_base=30000), _config("mp"), "/var/lib/llmgw-agent",
+                          gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1}).main.argv[1:])
+    single, head, none = _check(vllm_venv, "kv_events", [*argvs, off])
+    for cfg in (single, head):
+        assert cfg["class"] == "KVEventsConfig"
+        assert (cfg["enable_kv_cache_events"], cfg["publisher"], cfg["topic"]) == (True, "zmq", "r1")
+        assert (cfg["endpoint"], cfg["replay_endpoint"]) == ("tcp://127.0.0.1:30013", "tcp://127.0.0.1:30014")
+    assert none is None
+
+
 def test_every_mp_rank_builds_the_same_lora_config(vllm_venv: Path) -> None:
     """A headless rank's workers take their lora_config from its own argv (run_headless):
     rank 0's and the headless rank's LoRA engine arguments, as vLLM parses them, are equal."""

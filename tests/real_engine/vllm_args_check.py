@@ -15,6 +15,8 @@ cannot be imported from the CPU build (it needs vllm._C_stable_libtorch), so the
 runs those methods, which CudaPlatform inherits, on a Platform whose
 device_control_env_var is read from vllm/platforms/cuda.py's CudaPlatform itself.
 
+With `kv_events` it prints, per argv, the KVEventsConfig vLLM builds from it.
+
 With `ports` it reads a JSON list of {"env": {...}, "hold": [ports]} and prints, per item,
 the ports vLLM's own get_open_port() and get_open_ports_list(5) pick under that environment
 while this process holds (listens on) the `hold` ports.
@@ -205,6 +207,25 @@ def lora() -> None:
     json.dump(out, sys.stdout, default=str)
 
 
+def kv_events() -> None:
+    """Per argv, the KVEventsConfig vLLM's engine arguments carry (engine/arg_utils.py,
+    --kv-events-config parsed into config/kv_events.py's class, __post_init__ run), as a
+    dict; None where the argv sets none."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    out = []
+    for argv in json.load(sys.stdin):
+        parser, cmd = _serve_parser()
+        args = parser.parse_args(argv)
+        cmd.validate(args)
+        cfg = AsyncEngineArgs.from_cli_args(args).kv_events_config
+        out.append(None if cfg is None else {"class": type(cfg).__qualname__, **dataclasses.asdict(cfg)})
+    json.dump(out, sys.stdout, default=str)
+
+
 if __name__ == "__main__":
-    modes = {"devices": devices, "ports": ports, "api_servers": api_servers, "lora": lora}
+    modes = {"devices": devices, "ports": ports, "api_servers": api_servers, "lora": lora,
+             "kv_events": kv_events}
     modes.get(sys.argv[1] if sys.argv[1:] else "", main)()
