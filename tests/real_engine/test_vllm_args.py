@@ -54,7 +54,15 @@ def _plans() -> dict[str, tuple[str, ...]]:
     out["single-download"] = _download_plan().main.argv[1:]
     out["single-sleep"] = _sleep_plan(None).main.argv[1:]
     out["mp-rank1-sleep"] = _sleep_plan(1).main.argv[1:]
+    out["single-priority"] = _priority_plan().main.argv[1:]
     return out
+
+
+def _priority_plan() -> LaunchPlan:
+    """Priority classes on the engine: the deployment's args carry the scheduling policy."""
+    spec = _spec(None)
+    return build_plan(attrs.evolve(spec, args=(*spec.args, "--scheduling-policy", "priority")),
+                      _config("mp"), "/var/lib/llmgw-agent", gpu_indices={"GPU-aaaa": 0, "GPU-bbbb": 1})
 
 
 def _sleep_plan(rank: int | None) -> LaunchPlan:
@@ -130,6 +138,8 @@ def test_every_vllm_plan_parses_with_the_installed_vllm(parsed: dict[str, dict])
     fetch = parsed["single-download"]["args"]
     assert (fetch["model_tag"], fetch["download_dir"]) == ("org/llama", "/data/hf/hub")
     assert single["download_dir"] is None
+    assert parsed["single-priority"]["args"]["scheduling_policy"] == "priority"
+    assert single["scheduling_policy"] == "fcfs"  # vLLM's default: the field is ignored
 
 
 def test_vllm_serves_the_sleep_endpoints_under_the_sleep_plans_env(vllm_venv: Path) -> None:
@@ -305,3 +315,33 @@ def test_llmgws_api_server_count_is_vllms(vllm_venv: Path) -> None:
 
     argvs = [["serve", "/models/llama", *args] for args, _ in CASES]
     assert _check(vllm_venv, "api_servers", argvs) == [api_server_count(a) for a, _ in CASES]
+
+
+def test_vllm_takes_a_requests_priority_and_serves_the_fair_queues_bands_in_order(vllm_venv: Path) -> None:
+    """vLLM's own request models take `priority` as an int, default 0, on completions and
+    chat; its PriorityRequestQueue pops lower values first, so the values the fair queue
+    gives its bands (router/routing/fairqueue.py vllm_priority) come out highest band
+    first, each band in arrival order, whatever order they arrived in."""
+    from llmgw.router.routing.fairqueue import Band, FairQueue
+
+    hi, mid, lo = Band("interactive", 10, 5.0), Band("standard", 5, 20.0), Band("batch", 0, 60.0)
+    q: FairQueue[str] = FairQueue([lo, hi, mid], 10)
+    arrivals = [("lo-1", lo), ("mid-1", mid), ("lo-2", lo), ("hi-1", hi), ("mid-2", mid), ("hi-2", hi)]
+    requests = [[rid, q.vllm_priority(band), float(t)] for t, (rid, band) in enumerate(arrivals)]
+    plan = _priority_plan().main.argv[1:]
+    r = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "vllm_args_check.py"), "priority"],
+                       input=json.dumps({"argv": list(plan), "requests": requests}),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["engine_scheduling_policy"] == "priority"  # the engine config the plan builds
+    assert got["priority_pop_order"] == ["hi-1", "hi-2", "mid-1", "mid-2", "lo-1", "lo-2"]
+    assert got["fcfs_pop_order"] == [rid for rid, _ in arrivals]  # fcfs: arrival only
+    for kind in ("completion", "chat"):
+        field = got[kind]
+        assert (field["annotation"], field["default"]) == ("<class 'int'>", 0), kind
+        values = field["values"]
+        assert (values["absent"], values["-3"], values["7"]) == (0, -3, 7), kind
+        assert values["'2'"] == 2, kind  # pydantic's lax mode: a numeric string is taken
+        for bad in ("'high'", "1.5", "2**63"):  # refused: the engine answers 400
+            assert str(values[bad]).startswith("error: ValidationError"), (kind, bad)

@@ -30,12 +30,13 @@ import io
 import json
 import os
 import sys
+from typing import Any
 
 KEYS = ("model_tag", "host", "port", "served_model_name", "tensor_parallel_size",
         "pipeline_parallel_size", "distributed_executor_backend", "nnodes", "node_rank",
         "master_addr", "master_port", "headless", "max_model_len", "enforce_eager",
         "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "enable_sleep_mode",
-        "download_dir")
+        "download_dir", "scheduling_policy")
 
 
 def main() -> None:
@@ -225,7 +226,54 @@ def kv_events() -> None:
     json.dump(out, sys.stdout, default=str)
 
 
+def priority() -> None:
+    """vLLM's own request models and scheduler queue on a request's `priority`: the
+    field's type and default on CompletionRequest and ChatCompletionRequest, what each
+    makes of a few values, the engine config an argv builds (stdin's {"argv": [...]}), and
+    the order vLLM's PriorityRequestQueue pops stdin's "requests" ([id, priority,
+    arrival_time] each) in: its heap over Request.__lt__, run on stand-ins carrying the
+    fields that method reads. The FCFS queue pops the same in arrival order."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+    from vllm.v1.request import Request
+
+    bodies: dict[str, tuple[Any, dict[str, object]]] = {
+              "completion": (CompletionRequest, {"model": "m", "prompt": "hi"}),
+              "chat": (ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})}
+    out: dict[str, object] = {}
+    for name, (cls, body) in bodies.items():
+        field = cls.model_fields["priority"]
+        got: dict[str, object] = {}
+        for label, value in (("absent", None), ("-3", -3), ("7", 7), ("'2'", "2"),
+                             ("'high'", "high"), ("1.5", 1.5), ("2**63", 2**63)):
+            try:
+                req = cls.model_validate(body if value is None else {**body, "priority": value})
+                got[label] = req.priority
+            except Exception as exc:  # pydantic's ValidationError: the engine answers 400
+                got[label] = f"error: {type(exc).__name__}"
+        out[name] = {"annotation": str(field.annotation), "default": field.default, "values": got}
+    given = json.load(sys.stdin)
+    parser, _ = _serve_parser()
+    args = parser.parse_args(given["argv"])
+    out["engine_scheduling_policy"] = AsyncEngineArgs.from_cli_args(args).scheduling_policy
+
+    class Stand:  # what Request.__lt__ reads, and its order
+        __lt__ = Request.__lt__
+
+        def __init__(self, rid: str, priority: int, arrival: float) -> None:
+            self.request_id, self.priority, self.arrival_time = rid, priority, arrival
+
+    for policy in (SchedulingPolicy.PRIORITY, SchedulingPolicy.FCFS):
+        q = create_request_queue(policy)
+        for rid, prio, arrival in sorted(given["requests"], key=lambda r: r[2]):
+            q.add_request(Stand(rid, prio, arrival))
+        out[f"{policy.value}_pop_order"] = [q.pop_request().request_id for _ in range(len(q))]
+    json.dump(out, sys.stdout, default=str)
+
+
 if __name__ == "__main__":
     modes = {"devices": devices, "ports": ports, "api_servers": api_servers, "lora": lora,
-             "kv_events": kv_events}
+             "kv_events": kv_events, "priority": priority}
     modes.get(sys.argv[1] if sys.argv[1:] else "", main)()
