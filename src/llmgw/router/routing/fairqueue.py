@@ -26,12 +26,15 @@ here awaits or reads a clock: the caller calls `expire(now)` before `pop`, and w
 A request may lower its own class, never raise it: `effective_band(key_class, asked)`.
 
 vLLM (0.32, read in its own code) and the band a request goes on with:
-- `vllm serve --scheduling-policy {fcfs,priority}` (engine/arg_utils.py:1744, the choices
-  `SchedulerPolicy = Literal["fcfs", "priority"]`, config/scheduler.py:21, default "fcfs"
-  at :159).
+- `vllm serve --scheduling-policy {fcfs,priority}` (engine/arg_utils.py:1744-1745, the
+  choices `SchedulerPolicy = Literal["fcfs", "priority"]`, config/scheduler.py:21, default
+  "fcfs" at :159): a deployment's args, which the real-engine tier parses with vLLM's own
+  parser (tests/real_engine/test_vllm_args.py, with the request models and the queue order
+  below).
 - The request's `priority` is an `int`, default 0, bounded to int64, on both
   CompletionRequest (entrypoints/openai/completion/protocol.py:136) and
-  ChatCompletionRequest (entrypoints/openai/chat_completion/protocol.py:388). An
+  ChatCompletionRequest (entrypoints/openai/chat_completion/protocol.py:388); pydantic
+  takes a numeric string ("2") and refuses a word, a float or 2**63 (a 400). An
   `X-Vllm-Priority` header, when it parses as an int, overrides the body's field
   (entrypoints/generate/base/serving.py:42 and :258-269).
 - LOWER value is served EARLIER: with the priority policy the waiting queue is a heap
@@ -39,9 +42,9 @@ vLLM (0.32, read in its own code) and the band a request goes on with:
   arrival time, then request id (v1/request.py:357-367); when KV blocks run out the
   running request with the largest (priority, arrival_time) is preempted
   (v1/core/sched/scheduler.py:796-800). Under "fcfs" the field is carried and ignored
-  (FCFSRequestQueue); the field's description says a non-zero priority is an error
-  without the priority policy, but no code in 0.32 raises it (no check in
-  v1/engine/input_processor.py's process_inputs nor the serving layers).
+  (FCFSRequestQueue, v1/core/sched/request_queue.py:75). The field's description
+  says a non-zero priority is an error without the priority policy, but no code in 0.32
+  raises it: nothing outside engine/arg_utils.py and v1/core/sched/ reads the policy.
 - So `vllm_priority` maps the highest band to 0 (vLLM's default) and each lower band to
   one more (1, 2, ...): the same order on the engine as in this queue. The router writes
   the field itself: a client's own `priority` in the body must be overwritten (or it
