@@ -195,7 +195,12 @@ def test_no_key_served_twice_while_another_waiting_key_is_passed_over(ops: list,
 def test_every_item_comes_back_exactly_once(ops: list, size: int) -> None:
     r = Run(BANDS, size)
     for op in ops:
+        r.shed()
+        lower = any(e.band.rank < op[1].rank for e in r.live()) if op[0] == "push" else False
+        full = len(r.q) >= size
         r.step(op)
+        if op[0] == "push":  # refused only when full with nothing of a lower band to displace
+            assert (r.fate[r.n] == ["refused"]) == (full and not lower)
         assert len(r.q) == len(r.live()) == sum(r.q.waiting(b.name) for b in BANDS) <= size
     for e, _ in r.q.expire(float("inf")):
         r.fate[e.item].append("shed")
