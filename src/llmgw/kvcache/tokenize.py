@@ -29,10 +29,13 @@ convert_to_native_format); the Mistral regex patch (vocabularies over 100,000 of
 models); a processor's chat template (multimodal models); vLLM's built-in fallback
 templates; mistral-format tokenizers. `caveat` names the first that applies.
 
-Routing needs the prefix, not the whole prompt: text beyond `max_tokens` tokens' worth
-(max_tokens times the longest token's length in characters, vLLM's own bound in
-renderers/params.py, _text_len_check) is cut before encoding, and tokens near the cut are
-dropped, so the ids are always a prefix of what the engine makes.
+Routing needs the prefix, not the whole prompt: text beyond `max_tokens` tokens' worth is
+cut before encoding, and tokens near the cut are dropped, so the ids are always a prefix of
+what the engine makes. A token's worth is its length in characters up to CHARS_PER_TOKEN
+(vLLM's own bound, renderers/params.py _text_len_check, takes the longest token, tens of
+characters, which would let a long prompt be encoded whole): prose averages 4 or 5
+characters a token, so a cut prompt still gives about max_tokens ids, and a whitespace-heavy
+one somewhat fewer, which costs routing only the tail of its prefix.
 
 Pure: the caller reads the files (`wanted` says which) and passes their bytes, and passes
 the time to a chat template that writes the date. `tokenizers` and jinja2 are imported
@@ -57,6 +60,7 @@ TEMPLATE = "chat_template.jinja"
 TEMPLATES_DIR = "additional_chat_templates/"
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 DEFAULT_MAX_TOKENS = 16384
+CHARS_PER_TOKEN = 8
 CUT_SLACK_CHARS = 64  # text near a cut may merge differently; tokens ending there are dropped
 OWN_PIPELINE_FREE = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
 
@@ -127,7 +131,7 @@ class PromptTokenizer:
         self._compiled: dict[str, Template] = {}
         self.max_tokens = max_tokens
         vocab = tok.get_vocab(with_added_tokens=True)
-        self.max_chars = max_tokens * max((len(t) for t in vocab), default=1)
+        self.max_chars = max_tokens * min(CHARS_PER_TOKEN, max((len(t) for t in vocab), default=1))
         self.caveat = caveat
 
     @property
