@@ -8,7 +8,10 @@ this machine's text files with the asked vocabulary, beside a ChatML template, a
 through tokenize.load as a model folder's files would be. For each prompt size it prints the
 median and p90 of: load (once), encode_completion of one text prompt, render_chat and
 encode_chat of a system prompt plus turns of the same total size. Prompts are cut from the
-same text, so a size is in the trained tokenizer's tokens (printed beside).
+same text, so a size is in the trained tokenizer's tokens (printed beside). Last, how long a
+thread beside the encoder (the router's event loop, were the encoder in trio.to_thread)
+waits at worst while the largest prompt is encoded five times: with encode_completion (the
+batch encoder, which releases the GIL) and with the plain Tokenizer.encode (which holds it).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import glob
 import json
 import os
 import statistics
+import threading
 import time
 from datetime import datetime
 
@@ -66,6 +70,27 @@ def timed(fn: object, runs: int) -> tuple[float, float]:
     return statistics.median(out) * 1e3, out[min(len(out) - 1, int(len(out) * 0.9))] * 1e3
 
 
+def longest_wait(fn: object) -> float:
+    """The longest gap, in ms, between the wake-ups of a thread that sleeps 0.5 ms at a
+    time while another runs fn five times."""
+    done = threading.Event()
+
+    def work() -> None:
+        for _ in range(5):
+            fn()  # type: ignore[operator]
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    worst, last = 0.0, time.perf_counter()
+    while not done.is_set():
+        time.sleep(0.0005)
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    t.join()
+    return worst * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=32000)
@@ -98,6 +123,12 @@ def main() -> None:
         print(f"{n:>6} tokens ({len(prompt)} chars, {got} ids): completion {c[0]:.2f} / {c[1]:.2f} ms, "
               f"chat render {r[0]:.2f} / {r[1]:.2f} ms, chat render+encode {e[0]:.2f} / {e[1]:.2f} ms, "
               f"{n / (c[0] / 1e3) / 1e6:.2f} M tokens/s")
+    n = min(max(args.tokens), len(full.ids))
+    prompt = text[: full.offsets[n - 1][1]]
+    ours = longest_wait(lambda: tok.encode_completion(prompt))
+    plain = longest_wait(lambda: tok._tok.encode(prompt))
+    print(f"a thread beside the encoder of {n} tokens waits at most {ours:.1f} ms with encode_completion, "
+          f"{plain:.1f} ms with Tokenizer.encode (which holds the GIL)")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,10 @@ def test_the_ids_are_vllms(variant: str, vllm_venv: Path, tiny_model: Path, tmp_
             assert got == want, (case, tok.render_chat(case["messages"], now=now))
     for case, want in zip(COMPLETION, theirs["completion"], strict=True):
         assert tok.encode_completion(case["prompt"], add_special_tokens=case["add_special_tokens"]) == want, case
+    # Cut for routing, a long prompt's ids are a prefix of the engine's.
+    long = COMPLETION[5]["prompt"]
+    cut = tokenize.load(_files(folder), max_tokens=40).encode_completion(long)
+    assert 30 <= len(cut) <= 40 and cut == theirs["completion"][5][: len(cut)]
     # The cases did what they claim: BOS from the post-processor only where it prepends one,
     # the openai content format for the Llama-like template, and one refusal.
     first = theirs["completion"][0]

@@ -160,10 +160,14 @@ class PromptTokenizer:
         return self._compiled[source]
 
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        # The batch encoders release the GIL while they work; Tokenizer.encode holds it (a
+        # 16k-token prompt kept a thread beside it waiting 70 ms), which would stall the
+        # router's event loop even from trio.to_thread. The fast one skips the offsets.
         if len(text) <= self.max_chars:
-            return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)[: self.max_tokens]
+            fast = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+            return list(fast([text], add_special_tokens=add_special_tokens)[0].ids)[: self.max_tokens]
         cut = text[: self.max_chars]
-        enc = self._tok.encode(cut, add_special_tokens=add_special_tokens)
+        enc = self._tok.encode_batch([cut], add_special_tokens=add_special_tokens)[0]
         keep = len(cut) - CUT_SLACK_CHARS
         ids: list[int] = []
         seen_text = False
