@@ -2,7 +2,7 @@
 
 score(r) = w * uncached_prefill_blocks(r) + load(r), lowest wins, where
 uncached_prefill_blocks is the request's full blocks minus the run the index matched on r,
-and load is what the least-outstanding policy compares (router/balancer.py,
+and load is what the least-outstanding policy compares (router/routing/balancer.py,
 `Replica.score`): the router's in-flight count plus the engine's waiting queue (plus its
 full-KV penalty) while the engine's figures are fresh, the in-flight count alone when
 they are stale. `w` says how many queued requests one block of prefill is worth.

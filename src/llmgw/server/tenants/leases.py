@@ -22,7 +22,7 @@ So a new term's book
 - grants nothing until `hold_until` (the service sets it a few seconds after the term's
   first ask: server/tenants/limits.py), and
 - adopts the grants routers declare (`adopt`): each router remembers every grant it holds
-  or used until it stops occupying (router/wallet.py), and declares those of other terms
+  or used until it stops occupying (router/tenants/wallet.py), and declares those of other terms
   to a leader of a new term before that leader grants it anything (limits.py refuses a
   router that talks of another term until it has declared). A declared grant occupies
   from its adoption for `left` (what the router had left of its use, which it measured
@@ -33,7 +33,7 @@ was declared (its router declared during the hold) and is counted, with this ter
 grants; before the hold ends only the old term's grants occupy, at most L by the old
 book. The assumption, stated: every router holding grants of the old term reaches the new
 leader within the hold (routers probe about once a second while they hold any,
-router/leases.py). A router that does not (it died with the leader, or is cut off from the
+router/tenants/leases.py). A router that does not (it died with the leader, or is cut off from the
 new one longer than the hold) can have used at most what the old term granted it and not
 declared; that is the bound on the excess, in the windows ending within ttl + window of
 the change.
@@ -46,7 +46,7 @@ ones (adopted grants are kept apart, and a give-back names its term: limits.py).
 
 Time is passed in. A book is per (key, limit); the service keeps one per pair. A router
 that goes away may have used its leases up to their end: they occupy until then like any
-other. The router's side is router/wallet.py.
+other. The router's side is router/tenants/wallet.py.
 """
 
 from __future__ import annotations

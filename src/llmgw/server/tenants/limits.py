@@ -1,6 +1,6 @@
 """The server's side of per-key limits (API keys and limits): one LeaseBook per (key, limit), leases
 granted to routers on their ask (LeaseOp). Why the sum over routers stays within a limit
-is server/tenants/leases.py's docstring; the router's side is router/limits.py.
+is server/tenants/leases.py's docstring; the router's side is router/tenants/limits.py.
 
 A grant's `ttl` is relative: the router counts it from when it sent its ask, which is no
 later than the grant here, so it stops using a lease no later than the book assumes.
@@ -14,7 +14,7 @@ adopted (server/tenants/leases.py says why that keeps the sum exact): a router t
 another term is answered `declare` and nothing else until it asks with its grants of
 other terms (`held`) under this term's name; and the term grants nothing for HOLD seconds
 from its first ask, so that every router holding grants can declare them first (the
-router's requests that need a lease meanwhile wait for its end: router/leases.py). A router
+router's requests that need a lease meanwhile wait for its end: router/tenants/leases.py). A router
 from before terms (its op has no `term`) is answered as before, with none of the new
 fields it would refuse.
 
@@ -23,7 +23,7 @@ of kind CONCURRENCY asks for `want` slots, and its `held` renews the slot grants
 router holds (of this term, or of another: adopted), answered with `kept`. Its hold is
 the term's, as for rates. Routers from before slots never send that kind (they count
 concurrency alone); a server from before slots refuses the op, and the router then
-counts alone too (router/limits.py).
+counts alone too (router/tenants/limits.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ SLOT_TTL = 10.0
 MINUTE = 60.0
 NOT_LIVE_RETRY = 60.0  # a revoked or expired key: the router learns it from its key table
 # Seconds a new term grants nothing, from its first ask: routers holding grants of the old
-# term probe about once a second (router/leases.py PROBE_EVERY) and reach the new leader
+# term probe about once a second (router/tenants/leases.py PROBE_EVERY) and reach the new leader
 # within about a second of its election, each try of an ask bounded at a second.
 HOLD = 2.5
 

@@ -3,10 +3,10 @@ requests of a key run at once, summed over every router, with no round trip per 
 
 A key's concurrency is C slots. The server leases slots to routers (a grant of n slots,
 named by the leader's term and an id); a router admits a request while it runs fewer
-requests than the live slots it holds (router/slots.py), asks for more when it is full,
+requests than the live slots it holds (router/tenants/slots.py), asks for more when it is full,
 and gives back what it did not need in the last second (an idle router holds none). A
 grant lasts `ttl` seconds from its grant or its last renewal; a router renews its grants
-about once a second while it holds them (router/leases.py keep_terms). The book grants
+about once a second while it holds them (router/tenants/leases.py keep_terms). The book grants
 only free slots: the slots of its live grants never sum above C.
 
 Why at most C requests run at once on slots (one book): a router counts a grant's ttl
@@ -20,7 +20,7 @@ on them at most those: at most C in all. What the bound does not cover, stated:
   its grants lapse (it cannot stop them); the book frees those slots at the ttl and may
   lease them again. The excess is at most those requests, until they end. A dead router's
   requests died with it: its slots are unusable for at most a ttl, then free again.
-- what a router admits beyond its slots under `on_server_loss` (router/limits.py): by
+- what a router admits beyond its slots under `on_server_loss` (router/tenants/limits.py): by
   default concurrency up to C on that router alone while the server is unreachable.
 
 Across a change of leader (or a restart: books live in memory), the new term's book
