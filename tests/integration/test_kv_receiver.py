@@ -43,6 +43,7 @@ class Publisher:
         self.pub, self.router = TrioSocket(pub), TrioSocket(router)
         self.replay_endpoint = f"tcp://127.0.0.1:{replay_port}"
         self.scope = trio.CancelScope()
+        self.done = trio.Event()
         self.life, self.keep, self.seq = life, keep, 0
         self.buffer: list[tuple[int, bytes]] = []
 
@@ -67,8 +68,11 @@ class Publisher:
                 except zmq.ZMQError:
                     await trio.sleep(0.01)
         task_status.started()
-        with self.scope:
-            await self._serve()
+        try:
+            with self.scope:
+                await self._serve()
+        finally:
+            self.done.set()
 
     async def _serve(self) -> None:
         while True:
@@ -78,8 +82,9 @@ class Publisher:
                     await self.router.send_multipart([ident, b"", TOPIC, seq.to_bytes(8, "big"), body])
             await self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.scope.cancel()
+        await self.done.wait()  # its replay task off the socket before the socket goes
         self.pub.close()
         self.router.close()
 
@@ -132,7 +137,7 @@ async def test_the_index_follows_a_lossy_restarting_publisher() -> None:
             await rec.until(lambda: len(rec.applied) == 10)
             assert rec.applied == [(0, s) for s in range(10)] and rec.clears == 0
             assert rec.index.size("tiny-0") == 10
-            p.close()
+            await p.close()
 
             # The engine restarts: seqs from 0 again, a new life; the index is cleared.
             p = Publisher(ctx, pub_port, replay_port, life=1, keep=100)
@@ -153,7 +158,7 @@ async def test_the_index_follows_a_lossy_restarting_publisher() -> None:
             assert rec.clears == 2
             assert rec.applied[13:] == [(1, 8), (1, 9)]
             assert rec.index.size("tiny-0") == 2
-            p.close()
+            await p.close()
             nursery.cancel_scope.cancel()
     finally:
         ctx.destroy(linger=0)
