@@ -1,16 +1,18 @@
 """vLLM's own token ids for prompts and chat messages, to hold llmgw's tokenizer to.
 
 Run with the vLLM venv's python:  kv_tokenize_ref.py CASES.json
-CASES.json: {"model": DIR, "chat": [{"messages": [...], "kwargs": {...}}],
-             "completion": [{"prompt": ..., "add_special_tokens": bool}]}
-            "formats": [chat template, ...]}   (optional)
+CASES.json: {"model": DIR, "chat": [a /v1/chat/completions body without "model", ...],
+             "completion": [{"prompt": ..., "add_special_tokens": bool}],
+             "formats": [chat template, ...]}   (optional)
 Prints one JSON line: {"now": ISO time, "chat": [ids or "error: ..."], "completion": [ids],
 "formats": ["string" or "openai", ...]} (vLLM's content-format detection per template).
 
-The ids come from vLLM's renderer as its OpenAI server builds it (renderer_from_config on
-the model's ModelConfig): render_messages with ChatParams for /v1/chat/completions (its
-chat_template_kwargs as ChatCompletionRequest.build_chat_params merges them), and
-tokenize_prompt with TokenizeParams(add_special_tokens) for /v1/completions.
+The ids come from vLLM's renderer as its OpenAI server drives it (renderer_from_config on
+the model's ModelConfig; renderers/online_renderer.py, preprocess_chat): for a chat body, a
+ChatCompletionRequest, its build_chat_params with the server's defaults under them (the
+tools' pydantic dump, tokenize=False), render_messages, then tokenize_prompt with the
+request's build_tok_params; for /v1/completions, tokenize_prompt with
+TokenizeParams(add_special_tokens).
 """
 
 from __future__ import annotations
@@ -24,22 +26,22 @@ def main(cases_path: str) -> None:
     with open(cases_path, encoding="utf-8") as f:
         cases = json.load(f)
     from vllm.config import ModelConfig, VllmConfig
-    from vllm.renderers.params import ChatParams, TokenizeParams, merge_kwargs
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.renderers.params import TokenizeParams, merge_kwargs
     from vllm.renderers.registry import renderer_from_config
 
     renderer = renderer_from_config(VllmConfig(model_config=ModelConfig(model=cases["model"])))
     now = datetime.now().isoformat()  # what transformers' strftime_now reads, give or take
     chat: list[object] = []
-    for case in cases["chat"]:
-        kwargs = dict(case.get("kwargs") or {})
-        # ChatCompletionRequest's defaults: add_generation_prompt true, continue_final_message false.
-        extra = {"add_generation_prompt": kwargs.pop("add_generation_prompt", True),
-                 "continue_final_message": kwargs.pop("continue_final_message", False),
-                 **{k: kwargs.pop(k) for k in ("documents", "tools") if k in kwargs}}
-        params = ChatParams(chat_template_kwargs=merge_kwargs(kwargs, extra))
+    for body in cases["chat"]:
         try:
-            _, prompt = renderer.render_messages(case["messages"], params)
-            chat.append(list(prompt["prompt_token_ids"]))
+            req = ChatCompletionRequest(model="m", **body)
+            tools = None if req.tools is None else [t.model_dump() for t in req.tools]
+            params = req.build_chat_params(None, "auto").with_defaults(
+                merge_kwargs(None, dict(tools=tools, tokenize=False)))
+            _, prompt = renderer.render_messages(req.messages, params)
+            tok = renderer.tokenize_prompt(prompt, req.build_tok_params(renderer.model_config))
+            chat.append(list(tok["prompt_token_ids"]))
         except Exception as e:  # the test compares refusals too
             chat.append(f"error: {type(e).__name__}: {e}")
     completion = []

@@ -60,19 +60,21 @@ CALL = {"role": "assistant", "content": None, "tool_calls": [
 TOOL = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "6"}]}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
-CHAT: list[dict[str, Any]] = [
+CHAT: list[dict[str, Any]] = [  # /v1/chat/completions bodies (without "model")
     {"messages": [USER]},
     {"messages": [SYSTEM, USER]},
     {"messages": TURNS},
-    {"messages": TURNS, "kwargs": {"add_generation_prompt": False}},
+    {"messages": TURNS, "add_generation_prompt": False},
     {"messages": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "part one"},
                                                        {"type": "text", "text": "part two ü"}]}]},
     {"messages": [{"role": "developer", "content": "Dev rules."}, USER, SYSTEM]},
     {"messages": [USER, {"role": "assistant", "content": "Partial answ"}],
-     "kwargs": {"add_generation_prompt": False, "continue_final_message": True}},
-    {"messages": [SYSTEM, USER, CALL, TOOL], "kwargs": {"tools": TOOLS}},
+     "add_generation_prompt": False, "continue_final_message": True},
+    {"messages": [SYSTEM, USER, CALL, TOOL], "tools": TOOLS},
     {"messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=123\nStable system."}, USER]},
-    {"messages": [USER], "kwargs": {"enable_thinking": False}},
+    {"messages": [USER], "chat_template_kwargs": {"enable_thinking": False}},
+    {"messages": [USER], "reasoning_effort": "none"},
+    {"messages": [USER], "add_special_tokens": True},
     {"messages": [{"role": "bogus", "content": "?"}]},
 ]
 COMPLETION: list[dict[str, Any]] = [
@@ -136,12 +138,9 @@ def _vllm(vllm_venv: Path, folder: Path, tmp: Path) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _ours(tok: tokenize.PromptTokenizer, case: dict[str, Any], now: datetime) -> list[int] | str:
-    kwargs = dict(case.get("kwargs") or {})
-    named = {k: kwargs.pop(k) for k in ("add_generation_prompt", "continue_final_message", "tools")
-             if k in kwargs}
+def _ours(tok: tokenize.PromptTokenizer, body: dict[str, Any], now: datetime) -> list[int] | str:
     try:
-        return tok.encode_chat(case["messages"], now=now, chat_template_kwargs=kwargs, **named)
+        return tok.encode_chat(now=now, **tokenize.chat_args(body))
     except tokenize.NotText as e:
         return f"error: {e}"
 
@@ -159,7 +158,9 @@ def test_the_ids_are_vllms(variant: str, vllm_venv: Path, tiny_model: Path, tmp_
         if isinstance(want, str):  # vLLM refused it: so do we
             assert isinstance(got, str), (case, want, got)
         else:
-            assert got == want, (case, tok.render_chat(case["messages"], now=now))
+            args = tokenize.chat_args(case)
+            del args["add_special_tokens"]
+            assert got == want, (case, tok.render_chat(now=now, **args))
     for case, want in zip(COMPLETION, theirs["completion"], strict=True):
         assert tok.encode_completion(case["prompt"], add_special_tokens=case["add_special_tokens"]) == want, case
     # Cut for routing, a long prompt's ids are a prefix of the engine's.
@@ -172,6 +173,8 @@ def test_the_ids_are_vllms(variant: str, vllm_venv: Path, tiny_model: Path, tmp_
     assert (first[0] == 0) == (variant == "llama_like")
     assert theirs["completion"][1][0] != 0
     assert [isinstance(w, str) for w in theirs["chat"]].count(True) == (1 if variant == "llama_like" else 0)
+    # A chat request's add_special_tokens adds the post-processor's BOS before the template's.
+    assert theirs["chat"][11][:2] == ([0, 0] if variant == "llama_like" else theirs["chat"][0][:2])
     assert tok.template().content_format == ("openai" if variant == "llama_like" else "string")
     assert [Template(t).content_format for t in FORMATS] == theirs["formats"]
     assert set(theirs["formats"]) == {"string", "openai"}

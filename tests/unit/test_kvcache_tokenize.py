@@ -230,6 +230,10 @@ def test_tool_calls_reasoning_and_the_billing_header() -> None:
     conv = conversation(msgs, "string")
     assert conv[0] == {"role": "system", "content": "keep"}
     assert [c["function"]["arguments"] for c in conv[1]["tool_calls"]] == [{"a": 1}, {}, {}]
+    # In the order vLLM's request model leaves the keys: declared ones first, as a template's
+    # tojson of a call writes them.
+    assert [list(c) for c in conv[1]["tool_calls"]] == [["function", "type"]] * 3
+    assert list(conv[1]["tool_calls"][0]["function"]) == ["arguments", "name"]
     assert conv[1]["reasoning"] == conv[1]["reasoning_content"] == "r" and conv[1]["name"] == "n"
     assert "tool_calls" not in conv[2]
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the request is not changed
@@ -269,3 +273,31 @@ def test_which_template() -> None:
         none.encode_chat(user, now=NOW)
     with pytest.raises(NotText, match="no default"):
         load(files([{"name": "a", "template": "A"}])).encode_chat(user, now=NOW)  # type: ignore[arg-type]
+
+
+def test_chat_args_build_what_vllms_server_does() -> None:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
+    args = tokenize.chat_args(body)
+    assert args == {"messages": body["messages"], "add_generation_prompt": True, "continue_final_message": False,
+                    "add_special_tokens": False, "tools": None, "documents": None, "chat_template": None,
+                    "chat_template_kwargs": {}}
+    args = tokenize.chat_args({**body, "reasoning_effort": "none", "add_generation_prompt": False,
+                               "chat_template_kwargs": {"x": 1, "add_generation_prompt": True},
+                               "tools": [{"type": "function", "function": {"name": "f", "strict": True}}]})
+    assert args["chat_template_kwargs"] == {"x": 1, "reasoning_effort": "none", "enable_thinking": False}
+    assert args["add_generation_prompt"] is False  # the request's field over its kwargs
+    assert args["tools"] == [{"type": "function", "function": {"name": "f", "description": None,
+                                                               "parameters": None, "strict": True}}]
+    kept = tokenize.chat_args({**body, "reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}})
+    assert kept["chat_template_kwargs"] == {"enable_thinking": False, "reasoning_effort": "high"}
+    assert "reasoning_effort" not in tokenize.chat_args({**body, "reasoning_effort": "auto"})["chat_template_kwargs"]
+    for bad in ({"messages": "x"}, {**body, "tools": {}}, {**body, "tools": [1]}, {**body, "chat_template_kwargs": 1}):
+        with pytest.raises(NotText):
+            tokenize.chat_args(bad)
+
+
+def test_a_chat_request_may_ask_for_special_tokens() -> None:
+    tok = load(files("{% for m in messages %}{{ m['content'] }}{% endfor %}"))
+    user = [{"role": "user", "content": "hi"}]
+    assert tok.encode_chat(user, now=NOW) == ids("hi")
+    assert tok.encode_chat(user, now=NOW, add_special_tokens=True) == ids("<s>", "hi")

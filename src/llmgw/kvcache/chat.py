@@ -90,7 +90,10 @@ def _tool_calls(calls: object) -> list[Any] | None:
     for item in calls:
         if not isinstance(item, Mapping) or not isinstance(item.get("function"), Mapping):
             raise NotText("an assistant tool call is not a function call")
-        function = dict(item["function"])
+        # Keys in the order vLLM's request model leaves them (a template may tojson the
+        # whole call): the declared ones first (openai's ChatCompletionMessageToolCallParam:
+        # id, function, type; its Function: arguments, name), the others after, as sent.
+        function = _declared_first(item["function"], ("arguments", "name"))
         raw = function.get("arguments")
         if not raw:
             function["arguments"] = {}
@@ -100,8 +103,12 @@ def _tool_calls(calls: object) -> list[Any] | None:
             except json.JSONDecodeError:
                 parsed = None
             function["arguments"] = parsed if isinstance(parsed, dict) else {}
-        out.append({**item, "function": function})
+        out.append({**_declared_first(item, ("id", "function", "type")), "function": function})
     return out
+
+
+def _declared_first(d: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {**{k: d[k] for k in keys if k in d}, **{k: v for k, v in d.items() if k not in keys}}
 
 
 def conversation(messages: Sequence[Mapping[str, Any]],

@@ -18,9 +18,11 @@ tokenizer from the same files, as transformers 5 does in from_pretrained:
 
 /v1/completions encodes the prompt with add_special_tokens (true unless the request says
 otherwise: renderers/base.py, _tokenize_prompt); /v1/chat/completions renders the template
-and encodes the text with add_special_tokens=False whatever the request says
-(transformers' apply_chat_template with tokenize=True, called by renderers/hf.py,
-safe_apply_chat_template): a template writes its own BOS.
+to text (the OpenAI server passes tokenize=False for an HF tokenizer:
+renderers/online_renderer.py, preprocess_chat) and encodes it the same way with the
+request's add_special_tokens, false by default (chat_completion/protocol.py): a template
+writes its own BOS. `chat_args` turns a request body into encode_chat's arguments as the
+server does (ChatCompletionRequest.build_chat_params; tools as their pydantic dump).
 
 Not reproduced: a tokenizer_class with its own __init__ (LlamaTokenizer, Qwen2Tokenizer,
 ...) rebuilds its normalizer and pre-tokenizer in transformers 5's own code and keeps only
@@ -64,7 +66,7 @@ CHARS_PER_TOKEN = 8
 CUT_SLACK_CHARS = 64  # text near a cut may merge differently; tokens ending there are dropped
 OWN_PIPELINE_FREE = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
 
-__all__ = ["NotText", "PromptTokenizer", "Unavailable", "load", "wanted"]
+__all__ = ["NotText", "PromptTokenizer", "Unavailable", "chat_args", "load", "wanted"]
 
 
 @attrs.frozen
@@ -216,10 +218,11 @@ class PromptTokenizer:
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                     tools: list[Any] | None = None, documents: list[Any] | None = None,
                     chat_template: str | None = None,
-                    chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
-        """The ids of a /v1/chat/completions request: the rendered text, no special tokens
-        added. `now` is what strftime_now formats. Raises NotText (a per-request reason)
-        when the messages cannot be rendered as the engine would."""
+                    chat_template_kwargs: Mapping[str, Any] | None = None,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The ids of a /v1/chat/completions request: the rendered text, special tokens
+        added only if the request asks. `now` is what strftime_now formats. Raises NotText
+        (a per-request reason) when the messages cannot be rendered as the engine would."""
         try:
             text = self.render_chat(messages, now=now, add_generation_prompt=add_generation_prompt,
                                     continue_final_message=continue_final_message, tools=tools,
@@ -229,7 +232,54 @@ class PromptTokenizer:
             raise
         except Exception as e:  # a template's own raise_exception, or a bad value in it
             raise NotText(f"the chat template failed: {e}") from e
-        return self._encode(text, add_special_tokens=False)
+        return self._encode(text, add_special_tokens=add_special_tokens)
+
+
+def _tool(tool: object) -> object:
+    """A tool as vLLM's ChatCompletionToolsParam dumps it: type, then the function's name,
+    description and parameters (None when absent), strict and defer_loading only when set."""
+    if not isinstance(tool, Mapping) or not isinstance(tool.get("function"), Mapping):
+        raise NotText("a tool is not a function tool")
+    f = tool["function"]
+    function = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+    function |= {k: f[k] for k in ("strict", "defer_loading") if f.get(k) is not None}
+    if tool.get("defer_loading") is not None and f.get("defer_loading") is None:
+        function["defer_loading"] = tool["defer_loading"]
+    out: dict[str, object] = {"type": tool.get("type", "function"), "function": function}
+    if tool.get("defer_loading") is not None:
+        out["defer_loading"] = tool["defer_loading"]
+    return out
+
+
+def chat_args(body: Mapping[str, Any]) -> dict[str, Any]:
+    """encode_chat's keyword arguments (all but now) for a /v1/chat/completions body, as
+    vLLM's server builds them: the request's fields over its chat_template_kwargs, None and
+    "auto" left out, reasoning_effort turning enable_thinking on or off unless the kwargs
+    say (chat_completion/protocol.py, build_chat_params). Raises NotText for a bad shape."""
+    user = body.get("chat_template_kwargs") or {}
+    if not isinstance(user, Mapping):
+        raise NotText("chat_template_kwargs is not an object")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise NotText("tools is not a list")
+    effort = body.get("reasoning_effort")
+    extra: dict[str, Any] = {"documents": body.get("documents"), "reasoning_effort": effort}
+    if effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = effort != "none"
+    kwargs = {**user, **{k: v for k, v in extra.items() if v is not None and v != "auto"}}
+    for key in ("add_generation_prompt", "continue_final_message"):  # the request's fields win
+        kwargs.pop(key, None)
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise NotText("messages is not a list")
+    return {"messages": messages,
+            "add_generation_prompt": bool(body.get("add_generation_prompt", True)),
+            "continue_final_message": bool(body.get("continue_final_message", False)),
+            "add_special_tokens": bool(body.get("add_special_tokens", False)),
+            "tools": None if tools is None else [_tool(t) for t in tools],
+            "documents": kwargs.pop("documents", None),
+            "chat_template": body.get("chat_template"),
+            "chat_template_kwargs": kwargs}
 
 
 def load(files: Mapping[str, bytes], *,
