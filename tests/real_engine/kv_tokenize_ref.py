@@ -2,7 +2,7 @@
 
 Run with the vLLM venv's python:  kv_tokenize_ref.py CASES.json
 CASES.json: {"model": DIR, "chat": [a /v1/chat/completions body without "model", ...],
-             "completion": [{"prompt": ..., "add_special_tokens": bool}],
+             "completion": [a /v1/completions body without "model", ...],
              "formats": [chat template, ...]}   (optional)
 Prints one JSON line: {"now": ISO time, "chat": [ids or "error: ..."], "completion": [ids],
 "formats": ["string" or "openai", ...]} (vLLM's content-format detection per template).
@@ -11,8 +11,8 @@ The ids come from vLLM's renderer as its OpenAI server drives it (renderer_from_
 the model's ModelConfig; renderers/online_renderer.py, preprocess_chat): for a chat body, a
 ChatCompletionRequest, its build_chat_params with the server's defaults under them (the
 tools' pydantic dump, tokenize=False), render_messages, then tokenize_prompt with the
-request's build_tok_params; for /v1/completions, tokenize_prompt with
-TokenizeParams(add_special_tokens).
+request's build_tok_params; for a completion body, a CompletionRequest and tokenize_prompt
+of its text prompt with the request's build_tok_params.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def main(cases_path: str) -> None:
         cases = json.load(f)
     from vllm.config import ModelConfig, VllmConfig
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.renderers.params import TokenizeParams, merge_kwargs
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.renderers.params import merge_kwargs
     from vllm.renderers.registry import renderer_from_config
 
     renderer = renderer_from_config(VllmConfig(model_config=ModelConfig(model=cases["model"])))
@@ -46,8 +47,9 @@ def main(cases_path: str) -> None:
             chat.append(f"error: {type(e).__name__}: {e}")
     completion = []
     for case in cases["completion"]:
-        tp = TokenizeParams(max_total_tokens=None, add_special_tokens=case["add_special_tokens"])
-        completion.append(list(renderer.tokenize_prompt({"prompt": case["prompt"]}, tp)["prompt_token_ids"]))
+        req = CompletionRequest(model="m", **case)
+        tp = req.build_tok_params(renderer.model_config)
+        completion.append(list(renderer.tokenize_prompt({"prompt": req.prompt}, tp)["prompt_token_ids"]))
     from vllm.renderers.hf import _detect_content_format
 
     formats = [_detect_content_format(t, default="string") for t in cases.get("formats", [])]

@@ -77,8 +77,8 @@ CHAT: list[dict[str, Any]] = [  # /v1/chat/completions bodies (without "model")
     {"messages": [USER], "add_special_tokens": True},
     {"messages": [{"role": "bogus", "content": "?"}]},
 ]
-COMPLETION: list[dict[str, Any]] = [
-    {"prompt": "Hello world", "add_special_tokens": True},
+COMPLETION: list[dict[str, Any]] = [  # /v1/completions bodies (without "model")
+    {"prompt": "Hello world"},
     {"prompt": "Hello world", "add_special_tokens": False},
     {"prompt": USER["content"], "add_special_tokens": True},
     {"prompt": "   leading and trailing spaces \n\n", "add_special_tokens": True},
@@ -162,7 +162,7 @@ def test_the_ids_are_vllms(variant: str, vllm_venv: Path, tiny_model: Path, tmp_
             del args["add_special_tokens"]
             assert got == want, (case, tok.render_chat(now=now, **args))
     for case, want in zip(COMPLETION, theirs["completion"], strict=True):
-        assert tok.encode_completion(case["prompt"], add_special_tokens=case["add_special_tokens"]) == want, case
+        assert tok.encode_completion(case["prompt"], add_special_tokens=case.get("add_special_tokens", True)) == want, case
     # Cut for routing, a long prompt's ids are a prefix of the engine's.
     long = COMPLETION[5]["prompt"]
     cut = tokenize.load(_files(folder), max_tokens=40).encode_completion(long)
