@@ -18,7 +18,8 @@ from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineKind
 from llmgw.model.inventory import Inventory, StorageReport
 from llmgw.server.placement.cluster_view import NodeView
-from llmgw.server.placement.place import ClusterView, Placement, Unschedulable, download_room, place
+from llmgw.server.placement.fit import download_room
+from llmgw.server.placement.place import ClusterView, Placement, Unschedulable, place
 from llmgw.transport.codec import converter
 
 GIB = 2**30  # the fakes' complete copies are 1 GiB

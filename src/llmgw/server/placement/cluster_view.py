@@ -74,7 +74,7 @@ class _Node:
         }
         self.lo, self.hi = view.info.port_range
         # Where an engine with no copy here downloads, and the bytes free there (-1: not
-        # known, taken as room enough): placement's space rule (placement._room).
+        # known, taken as room enough): placement's space rule (explain._room).
         self.download_dir = inv.storage.download_dir
         self.download_free = inv.storage.download_free
         # Bytes of each model already in download_dir (downloads under way or cut short).
