@@ -6,6 +6,7 @@ GPUs unless `--real-gpus` finds real ones, and the demo deployment runs the simu
 engine. Unlike the real agent, whose engines outlive it, dev stops its engines before it
 exits: Ctrl-C (or SIGTERM) stops the engines through the supervisor, then everything
 else; a second Ctrl-C forces it, and whatever engine is still alive then is killed by pid.
+The folder (options, keys, ports, config files) is dev_config.py's; this module runs it.
 """
 
 from __future__ import annotations
@@ -14,21 +15,15 @@ import functools
 import json
 import logging
 import os
-import shlex
 import shutil
 import signal
-import socket
 import tempfile
 import time
-import tomllib
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import tomli_w
 import trio
-import yaml
-from attrs import frozen
 
 from llmgw.agent.process.procs import REPLICA_ENV, try_reap
 from llmgw.agent.run import Agent
@@ -37,22 +32,26 @@ from llmgw.config.deployment import parse_deployment
 from llmgw.config.load_agent import load_agent_config
 from llmgw.config.load_router import load_router_config
 from llmgw.config.load_server import load_server_config
+from llmgw.dev_config import (
+    ENGINE_STOP_TIMEOUT,
+    DevFiles,
+    DevOptions,
+    _say,
+    check_options,
+    free_port,
+    write_configs,
+)
 from llmgw.errors import LlmgwError, UsageError
 from llmgw.http1.client import get
 from llmgw.model.inventory import GpuSource
 from llmgw.router.service import serve_router
 from llmgw.router.tenants.sources import tenant_sources
 from llmgw.server.peers.service import serve_server
-from llmgw.transport import keys
 from llmgw.transport.client import request
 from llmgw.transport.requests import ApplyOp, EndpointsOp, GetOp, GetWhat, LoadReportOp, Op
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-NODE_ID = "dev-node"
-ADMIN = "dev-admin"
-ROUTER = "dev-router"
 # conf/deployments/demo.yaml, here so that dev reads no file (tests/unit/test_examples.py
 # checks that the two agree).
 DEMO: dict[str, Any] = {
@@ -64,204 +63,9 @@ DEMO: dict[str, Any] = {
     "startup_timeout": "1m",
 }
 READY_TIMEOUT = 120.0  # how long to wait for the demo before saying it is late
-ENGINE_STOP_TIMEOUT = 10.0  # SIGTERM -> SIGKILL for engines in dev
 SETTLE = 0.5  # seconds between the engines' stop and the server's
 # Engines inherit this (with the dev folder) so that leftovers can be found by pid.
 DEV_ROOT_ENV = "LLMGW_DEV_ROOT"
-
-
-@frozen
-class DevOptions:
-    state_dir: str | None = None
-    demo: bool = True
-    port_base: int = 20000
-    router_port: int = 8080
-    real_gpus: bool = False
-    simulated_gpus: int = 2
-    vllm_bin: str = ""  # engines.vllm.bin ("": `vllm` on PATH)
-    sglang_python: str = ""  # engines.sglang.python ("": `python3` on PATH)
-
-
-@frozen
-class DevFiles:
-    root: Path
-    keys_dir: Path
-    server_toml: Path
-    agent_yaml: Path
-    router_toml: Path
-    server_address: str
-    server_metrics: str  # host:port of the server's /metrics and status page
-    agent_metrics: str  # host:port of the agent's /metrics
-
-    @property
-    def admin_key(self) -> Path:
-        return self.keys_dir / f"{ADMIN}.key_secret"
-
-    @property
-    def server_key(self) -> Path:
-        return self.keys_dir / "server.key"
-
-    @property
-    def ctl_toml(self) -> Path:
-        return self.root / "ctl.toml"
-
-    def ctl_line(self, *args: str) -> str:
-        return shlex.join(["llmgw", "ctl", "--config", str(self.ctl_toml), *args])
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
-
-
-# ---- ports ----
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as trio's listeners do
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def check_options(opts: DevOptions) -> None:
-    if not 0 <= opts.router_port <= 65535:
-        raise UsageError(f"--router-port {opts.router_port}: a port is 0..65535 (0: any free port)")
-    if not 1024 <= opts.port_base <= 65535 - 999:
-        raise UsageError(f"--port-base {opts.port_base}: engines need 1000 ports from 1024..65535")
-    if opts.simulated_gpus < 0:
-        raise UsageError(f"--simulated-gpus {opts.simulated_gpus}: must be 0 or more")
-    for flag, path in (("--vllm-bin", opts.vllm_bin), ("--sglang-python", opts.sglang_python)):
-        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise UsageError(f"{flag} {path}: not an executable file")
-    if opts.router_port and not port_is_free(HOST, opts.router_port):
-        raise UsageError(
-            f"port {opts.router_port} on {HOST} is in use (another llmgw dev or router?); "
-            "pick another with --router-port N, or --router-port 0 for any free port"
-        )
-
-
-# ---- the folder: keys and configs ----
-
-
-def make_keys(keys_dir: Path) -> None:
-    """The server's pair and one key per peer; existing keys are reused."""
-    if not (keys_dir / "server.key_secret").exists():
-        keys.init_keys(str(keys_dir))
-    for role, name in (("node", NODE_ID), ("admin", ADMIN), ("router", ROUTER)):
-        if not (keys_dir / f"{name}.key_secret").exists():
-            keys.issue_key(str(keys_dir), role, name)
-
-
-def _kept_port(root: Path, file: str, read: Callable[[str], str], what: str, *, note: str = "",
-               taken: frozenset[int] = frozenset()) -> int:
-    """The port the last run in `root` gave `what` (the host:port or tcp:// address that
-    `read` takes out of `file`'s text), where it is still free, so that a kept state
-    folder's addresses stay the same from run to run; else any free port. `taken`: ports
-    this run has given out already (free until bound, so a new pick could repeat one)."""
-    try:
-        port = int(read((root / file).read_text()).rsplit(":", 1)[1])
-    except (OSError, tomllib.TOMLDecodeError, yaml.YAMLError, KeyError, TypeError, IndexError,
-            ValueError, AttributeError):
-        return _free_port_but(taken)  # a first run, or a file that is not ours to trust
-    if 1024 <= port <= 65535 and port not in taken and port_is_free(HOST, port):
-        return port
-    new = _free_port_but(taken)
-    _say(f"the {what}'s port of the last run ({port}) is taken; it is {new} this time{note}")
-    return new
-
-
-def _free_port_but(taken: frozenset[int]) -> int:
-    while (port := free_port()) in taken:
-        pass  # the kernel handed out one it gave us before: ask again
-    return port
-
-
-def server_port(root: Path) -> int:
-    """The server's port: kept from the last run where free (ctl.toml follows it)."""
-    return _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["bind"], "server",
-                      note=f" ({root / 'ctl.toml'} says so)")
-
-
-def metrics_ports(root: Path, taken: frozenset[int]) -> tuple[int, int]:
-    """The server's and the agent's metrics listeners: free ports, never the production
-    defaults (9464, 9465), so that a second dev, or one beside a real server or agent,
-    starts; kept from the last run where free, and none of `taken`."""
-    server = _kept_port(root, "server.toml", lambda t: tomllib.loads(t)["metrics_bind"],
-                        "status page", taken=taken)
-    agent = _kept_port(root, "agent.yaml", lambda t: yaml.safe_load(t)["metrics_bind"],
-                       "agent metrics", taken=taken | {server})
-    return server, agent
-
-
-def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
-    keys_dir = root / "keys"
-    make_keys(keys_dir)
-    zmq_port = server_port(root)
-    address = f"tcp://{HOST}:{zmq_port}"
-    server_metrics, agent_metrics = (
-        f"{HOST}:{p}" for p in metrics_ports(root, frozenset({zmq_port, router_port})))
-    server = {
-        "bind": address,
-        "metrics_bind": server_metrics,
-        "keys_dir": str(keys_dir),
-        "state_dir": str(root / "server"),
-        "heartbeat_interval": "1s",
-    }
-    discovery: dict[str, Any] = {
-        "ib_root": str(root / "no-infiniband"),
-        "simulated_gpus": opts.simulated_gpus,
-    }
-    if not opts.real_gpus:
-        # No GPU source answers, so the simulated GPUs stand in even on a GPU machine.
-        discovery.update(prefer_nvml=False, nvidia_smi=str(root / "no-nvidia-smi"))
-    agent = {
-        "node_id": NODE_ID,
-        "server": address,
-        "keys": {"secret_key": str(keys_dir / f"{NODE_ID}.key_secret"),
-                 "server_key": str(keys_dir / "server.key")},
-        "mgmt_addr": HOST,
-        "metrics_bind": agent_metrics,
-        "heartbeat_interval": "1s",
-        "reconnect_base": "200ms",
-        "reconnect_max": "2s",
-        "discovery": discovery,
-        "supervisor": {"work_dir": str(root / "agent"), "stop_timeout": f"{ENGINE_STOP_TIMEOUT:g}s",
-                       "health_interval": "500ms"},
-        "port_range": [opts.port_base, opts.port_base + 999],
-    }
-    engines: dict[str, Any] = {}
-    if opts.vllm_bin:
-        engines["vllm"] = {"bin": os.path.abspath(opts.vllm_bin)}
-    if opts.sglang_python:
-        engines["sglang"] = {"python": os.path.abspath(opts.sglang_python)}
-    if engines:
-        agent["engines"] = engines
-    router = {
-        "bind": f"{HOST}:{router_port}",
-        "server": address,
-        "table_poll_interval": "500ms",
-        "keys": {"secret_key": str(keys_dir / f"{ROUTER}.key_secret"),
-                 "server_key": str(keys_dir / "server.key")},
-    }
-    files = DevFiles(root, keys_dir, root / "server.toml", root / "agent.yaml", root / "router.toml",
-                     address, server_metrics, agent_metrics)
-    files.server_toml.write_text(tomli_w.dumps(server))
-    files.agent_yaml.write_text(yaml.safe_dump(agent, sort_keys=False))
-    files.router_toml.write_text(tomli_w.dumps(router))
-    # What `llmgw ctl --config ROOT/ctl.toml` reads (llmgw.ctl.settings), for the printed
-    # ctl line: the admin key of this folder and the server of this run.
-    files.ctl_toml.write_text(tomli_w.dumps({"server": address, "key": str(files.admin_key),
-                                             "server_key": str(files.server_key)}))
-    return files
 
 
 # ---- engines: stopped before dev exits ----
@@ -455,7 +259,7 @@ async def _serve_all(opts: DevOptions, files: DevFiles, signals: AsyncIterator[i
                                    router_cfg.keys.server_key, EndpointsOp(since), 2.0)
             return result if isinstance(result, Mapping) else None
 
-        async def load_sink(op: LoadReportOp) -> object:  # autoscale's load reports (issue 25)
+        async def load_sink(op: LoadReportOp) -> object:  # elastic deployments' load reports
             return await request(router_cfg.server[0], router_cfg.keys.secret_key,
                                  router_cfg.keys.server_key, op, 2.0)
 

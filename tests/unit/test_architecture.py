@@ -38,6 +38,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("transport", "http1", "kvcache"),  # kvcache: KV-cache-aware routing's pure core
     ("agent", "server", "router", "simengine"),
     ("ctl",),  # reads the router's settings to print them
+    ("dev_config",),  # dev's folder: options, keys, ports, config files (dev runs it)
     ("dev",),  # server, agent and router in one process
     ("cli",),  # the one module that knows every part
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw import dev
+from llmgw import dev_config as dev
 from llmgw.ctl.settings import resolve
 
 

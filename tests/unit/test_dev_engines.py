@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmgw.dev import DevOptions, _engine_line, check_options, write_configs
+from llmgw.dev import _engine_line
+from llmgw.dev_config import DevOptions, check_options, write_configs
 from llmgw.errors import UsageError
 
 
