@@ -1,4 +1,4 @@
-"""Each engine's own API key, in its launch plan (issue 30): pure, data in and out.
+"""Each engine's own API key, in its launch plan (no engine endpoint left open): pure, data in and out.
 
 The agent makes the key (records.new_key) and keeps it in the engine's record; the plan
 only says how the engine is given it, so that no plan (nor its log line) holds a secret:

@@ -18,7 +18,7 @@ There the all-reduce rides NVLink or PCIe, not a fabric: NVLink's rate is not th
 `rate_gbps`, and no rate of it is known to the agent, so no default floor applies (no
 nccl_floor_gbps); only the deployment's preflight_min_busbw judges the bandwidth.
 
-Sizes: 1 MiB to 256 MiB on GPUs, as issue 22 asks (small sizes show latency, the large one
+Sizes: 1 MiB to 256 MiB on GPUs, as the multi-node pre-flight asks (small sizes show latency, the large one
 the links' bandwidth); on CPU, 64 KiB to 4 MiB, since Gloo over loopback or Ethernet is
 only checked for correctness and a bounded time.
 """
