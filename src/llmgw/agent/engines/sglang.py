@@ -33,8 +33,8 @@ parsed by SGLang 0.5.23 into its own pydantic KVEventsConfig
 (unknown keys are ignored; the flag itself turns events on), publisher "null" by default
 (so llmgw names "zmq"), a `bind` key and "0.0.0.0" also read as bind, a `format`
 ("default", or "dynamo" whose block hashes fold in extra_key and cache_salt), and its
-BlockStored has no `extra_keys` (cache_salt and session_id instead). It goes after SGLang's own flags and before the
-deployment's args, on rank 0 only.
+BlockStored has no `extra_keys` (cache_salt and session_id instead). It goes after
+SGLang's own flags and before the deployment's args, on rank 0 only.
 """
 
 from __future__ import annotations
