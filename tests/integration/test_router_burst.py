@@ -108,12 +108,11 @@ async def test_a_late_loop_ejects_no_healthy_replica(four: list[SimEngineProcess
     assert all(r.get("done") for r in results), [r for r in results if not r.get("done")][:3]
     text = await metrics_text(url)
     assert ejections(text) == 0, [ln for ln in text.splitlines() if "eject" in ln or "upstream_err" in ln]
-    forgiven = float(re.search(r"^llmgw_router_connects_forgiven_total (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
     late = float(re.search(r"^llmgw_router_loop_late_seconds_total (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
     assert late > 0.5  # the loop was late, and the meter saw it
-    # Connects the late loop would have timed out (all four replicas were ejected for
-    # 'connect timed out' before the lateness was forgiven) were given the time back.
-    assert forgiven > 0
+    # Whether a connect is still pending when the late loop comes back (and so is
+    # forgiven, llmgw_router_connects_forgiven_total) is the kernel's timing: most complete
+    # in the kernel meanwhile. test_upstream_dial.py makes one pending and checks that.
 
 
 async def test_a_burst_beyond_the_queue_is_refused_at_once(tmp_path: Path, nursery: trio.Nursery) -> None:
