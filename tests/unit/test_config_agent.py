@@ -78,6 +78,7 @@ def test_shipped_config_loads(tmp_path: Path, keys: Path) -> None:
     assert sup.log_max_bytes == 64 * 1024 * 1024
     assert (sup.health_timeout, sup.startup_max, sup.release_timeout) == (10.0, 3600.0, 120.0)
     assert cfg.port_range == (20000, 29999)
+    assert cfg.kv_relay_port == 7444
     assert cfg.source.endswith("agent.yaml")
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         cfg.node_id = "x"  # type: ignore[misc]
@@ -268,6 +269,15 @@ BAD: list[tuple[str, list[tuple[str, str]], str, str]] = [
     ),
     ("port range zero", [("port_range: [20000, 29999]", "port_range: [0, 100]")], "port_range", "[0, 100]"),
     ("port range length", [("port_range: [20000, 29999]", "port_range: [20000]")], "port_range", "[20000]"),
+    ("kv relay port too high", [("kv_relay_port: 7444", "kv_relay_port: 70000")], "kv_relay_port", "70000"),
+    ("kv relay port negative", [("kv_relay_port: 7444", "kv_relay_port: -1")], "kv_relay_port", "-1"),
+    ("kv relay port a string", [("kv_relay_port: 7444", "kv_relay_port: lots")], "kv_relay_port", "lots"),
+    (
+        "kv relay port among the engines' ports",
+        [("kv_relay_port: 7444", "kv_relay_port: 20001")],
+        "kv_relay_port",
+        "inside port_range [20000, 29999]",
+    ),
     ("empty model_dirs", [("# model_dirs:", "model_dirs: []\n#")], "model_dirs", "[]"),
     ("null model_dirs", [("# model_dirs:", "model_dirs:\n#")], "model_dirs", "null"),
     ("model_dirs entry type", [("# model_dirs:", "model_dirs: [/a, 5]\n#")], "model_dirs[1]", "5"),
@@ -436,3 +446,8 @@ def test_server_may_be_a_list(tmp_path: Path, keys: Path) -> None:
         Path(path).write_text(text.replace(line, f"server: {bad}"))
         with pytest.raises(ConfigError, match=why):
             load_agent_config(path)
+
+
+def test_kv_relay_port_zero_means_no_relay_and_absent_means_the_default(tmp_path: Path, keys: Path) -> None:
+    assert load_agent_config(write(tmp_path, keys, ("kv_relay_port: 7444", "kv_relay_port: 0"))).kv_relay_port == 0
+    assert load_agent_config(write(tmp_path, keys, ("kv_relay_port: 7444", "# kv_relay_port"))).kv_relay_port == 7444

@@ -120,5 +120,9 @@ class AgentConfig:
     port_range: tuple[int, int] = (20000, 29999)
     # host:port of the HTTP listener with /metrics (Prometheus). Empty: no listener.
     metrics_bind: str = "127.0.0.1:9465"
+    # The port on mgmt_addr where routers follow this node's engines' KV-cache events
+    # (kv_aware routing): a CURVE ROUTER socket that admits only the router keys the
+    # server hands this agent. 0: no relay socket, and none is advertised.
+    kv_relay_port: int = 7444
     # Where the config was read from, for messages.
     source: str = ""

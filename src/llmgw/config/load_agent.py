@@ -117,11 +117,17 @@ def _check(path: str, cfg: AgentConfig) -> None:
             f"{sup.startup_max:g}s is shorter than supervisor.health_interval "
             f"({sup.health_interval:g}s): no engine could ever be seen ready",
         )
+    if not 0 <= cfg.kv_relay_port <= 65535:
+        raise ConfigError(path, "kv_relay_port", f"{cfg.kv_relay_port}: ports lie in 1..65535 (0: no relay)")
     lo, hi = cfg.port_range
     if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
         raise ConfigError(path, "port_range", f"[{lo}, {hi}]: ports must lie in 1..65535")
     if lo > hi:
         raise ConfigError(path, "port_range", f"[{lo}, {hi}] is inverted: first must be <= last")
+    if lo <= cfg.kv_relay_port <= hi:
+        # The server hands out port_range to engines: one of them would take the relay's port.
+        raise ConfigError(path, "kv_relay_port", f"{cfg.kv_relay_port} lies inside port_range [{lo}, {hi}], "
+                          "which the server assigns to engines; pick a port outside it")
     check_key_file(
         path,
         "keys.secret_key",
