@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 from cattrs import Converter
@@ -11,7 +12,13 @@ from llmgw.config.checks import check_host_port, check_key_file, check_readable_
 from llmgw.config.converter import make_converter
 from llmgw.config.error_paths import structure_file
 from llmgw.config.readers import read_toml
-from llmgw.config.router import POLICIES, RouterConfig
+from llmgw.config.router import (
+    MAX_KV_INDEX_BLOCKS,
+    MAX_KV_SPECULATIVE_TTL,
+    POLICIES,
+    ModelRouteConfig,
+    RouterConfig,
+)
 from llmgw.errors import ConfigError
 
 
@@ -65,6 +72,7 @@ def _check(path: str, cfg: RouterConfig) -> None:
             )
         if route.prefix_chars < 1:
             raise ConfigError(path, f"models.{name}.prefix_chars", f"{route.prefix_chars} must be at least 1")
+        _check_kv(path, f"models.{name}", route)
     if cfg.api_keys_file:
         check_readable_file(path, "api_keys_file", cfg.api_keys_file)
     check_key_file(
@@ -81,3 +89,22 @@ def _check(path: str, cfg: RouterConfig) -> None:
         secret=False,
         hint="copy server.key from the folder `llmgw keys init` made on the server",
     )
+
+
+def _check_kv(path: str, at: str, route: ModelRouteConfig) -> None:
+    """kv_aware's keys. The tokenizer folder itself is read when the router starts: one
+    it cannot read makes the model prefix_affinity there (with a log line and a metric),
+    so that a router whose model folder is away still serves."""
+    if route.policy == "kv_aware" and not route.tokenizer:
+        raise ConfigError(path, f"{at}.tokenizer",
+                          "policy kv_aware needs the model's tokenizer folder (its tokenizer.json)")
+    if route.policy != "kv_aware" and route.tokenizer:
+        raise ConfigError(path, f"{at}.tokenizer", f"is read only with policy kv_aware, not {route.policy!r}")
+    if not math.isfinite(route.kv_weight) or route.kv_weight < 0:
+        raise ConfigError(path, f"{at}.kv_weight", f"{route.kv_weight} must be a number, 0 or more")
+    if not 0 <= route.kv_speculative_ttl <= MAX_KV_SPECULATIVE_TTL:
+        raise ConfigError(path, f"{at}.kv_speculative_ttl",
+                          f"{route.kv_speculative_ttl:g}s must be from 0 (none) to {MAX_KV_SPECULATIVE_TTL:g}s")
+    if not 1 <= route.kv_index_blocks <= MAX_KV_INDEX_BLOCKS:
+        raise ConfigError(path, f"{at}.kv_index_blocks",
+                          f"{route.kv_index_blocks} must be from 1 to {MAX_KV_INDEX_BLOCKS}")

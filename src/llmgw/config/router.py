@@ -10,7 +10,11 @@ from attrs import field, frozen
 from llmgw.config.addresses import Addresses, to_addresses
 from llmgw.config.duration import Duration
 
-POLICIES = ("least_outstanding", "prefix_affinity")
+POLICIES = ("least_outstanding", "prefix_affinity", "kv_aware")
+# kv_aware's bounds: an index of more blocks than this per replica is a typo (about 300
+# bytes a block), a speculation longer than this outlives any burst.
+MAX_KV_INDEX_BLOCKS = 10_000_000
+MAX_KV_SPECULATIVE_TTL = 60.0
 
 
 @frozen
@@ -23,8 +27,26 @@ class RouterKeysConfig:
 class ModelRouteConfig:
     # How requests for this model pick a replica: "least_outstanding" or "prefix_affinity".
     policy: str = "least_outstanding"
-    # With prefix_affinity: how many leading characters of the prompt choose the replica.
+    # With prefix_affinity: how many leading characters of the prompt choose the replica
+    # (kv_aware's fallback too).
     prefix_chars: int = 256
+    # kv_aware: routed by the blocks the engines say they hold (their KV-cache events,
+    # relayed by the agents). `tokenizer` is the folder of the model's tokenizer.json,
+    # tokenizer_config.json (and chat_template.jinja), read once at start; a tokenizer
+    # that cannot be had makes the model prefix_affinity, with a log line and a metric.
+    tokenizer: str = ""
+    # Queued requests one uncached block of the prompt is worth (score = kv_weight x
+    # uncached blocks + load). 0.1: with vLLM's 16-token GPU blocks, a request sharing a
+    # 2k-token prefix prefers the replica that holds it until that one has ~13 requests
+    # more than another: the prefill saved decides between replicas of like load, and a
+    # burst of one prefix still spreads before a replica queues deeply.
+    kv_weight: float = 0.1
+    # A request's blocks count as held by the replica it went to for this long, before
+    # the engine's own events say so: the rest of a burst follows it. 0: no speculation.
+    kv_speculative_ttl: Duration = 2.0
+    # Engine blocks the router remembers per replica (about 300 bytes each): enough for
+    # the whole KV cache of an 80 GB GPU at 16-token blocks for most models.
+    kv_index_blocks: int = 100_000
 
 
 @frozen
