@@ -60,7 +60,19 @@ def node_info(config: AgentConfig) -> NodeInfo:
         mgmt_interface=config.mgmt_interface,
         labels=dict(config.labels),
         port_range=config.port_range,
+        kv_relay=kv_relay_endpoint(config),
     )
+
+
+def kv_relay_endpoint(config: AgentConfig) -> str:
+    """Where routers reach this node's KV-event relay (the server passes it on in the
+    endpoint table): tcp://mgmt_addr:kv_relay_port; "" where kv_relay_port is 0."""
+    if not config.kv_relay_port:
+        return ""
+    host = config.mgmt_addr
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address: the port follows the brackets
+    return f"tcp://{host}:{config.kv_relay_port}"
 
 
 def with_mgmt_interface(config: AgentConfig) -> AgentConfig:

@@ -247,3 +247,7 @@ class NodeInfo:
     labels: dict[str, str] = field(factory=dict)
     # Inclusive range the server draws engine HTTP, rendezvous and Ray ports from.
     port_range: tuple[int, int] = (20000, 29999)
+    # Where routers follow this node's engines' KV-cache events (kv_aware routing):
+    # tcp://mgmt_addr:kv_relay_port, the agent's CURVE socket. "": no relay (the port is
+    # 0, or an agent from before the relay).
+    kv_relay: str = ""

@@ -20,6 +20,7 @@ from llmgw.errors import ProtocolError
 from llmgw.logbound import clip
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import EngineReport, EngineSpec, GangSpec
+from llmgw.model.inventory import NodeInfo
 from llmgw.transport import messages
 from llmgw.transport.messages import Heartbeat, HeartbeatAck, Message
 from llmgw.transport.requests import Op, op_name
@@ -69,6 +70,10 @@ def _make(*, detailed: bool) -> cattrs.Converter:
     # that a server from before keys still reads an agent's reports of keyless engines.
     conv.register_unstructure_hook(EngineReport, make_dict_unstructure_fn(
         EngineReport, conv, api_key=override(omit_if_default=True)))
+    # A node's KV relay likewise: a Hello from a node without one is what it was before,
+    # which a server from before still reads (one with a relay needs a server that knows it).
+    conv.register_unstructure_hook(NodeInfo, make_dict_unstructure_fn(
+        NodeInfo, conv, kv_relay=override(omit_if_default=True)))
     configure_tagged_union(Op, conv, tag_generator=op_name, tag_name="op")
     configure_tagged_union(Message, conv, tag_generator=_kind, tag_name="kind")
     return conv

@@ -27,6 +27,7 @@ from typing import Any
 from attrs import define, evolve, field
 
 from llmgw import PROTOCOL_VERSION
+from llmgw.config.addresses import AddressError, parse_tcp
 from llmgw.config.server import ServerConfig
 from llmgw.errors import InternalError, LlmgwError, ProtocolError
 from llmgw.logbound import Throttle, clip
@@ -302,6 +303,7 @@ class ControlPlane:
                       len(msg.engines), MAX_HELLO_ENGINES)
             reason = f"Hello reports {len(msg.engines)} engines; at most {MAX_HELLO_ENGINES}"
             return [(peer.routing_id, Refused(reason=reason))]
+        msg = self._checked_relay(peer, msg)
         node = self._nodes.get(claimed)
         engines = {r.replica_id: bounded_report(r) for r in msg.engines}
         if node is None:
@@ -323,6 +325,21 @@ class ControlPlane:
                 node.note_conflict(r.conflict_port, now)
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
         return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
+
+    def _checked_relay(self, peer: Peer, msg: Hello) -> Hello:
+        """The Hello with its KV relay address kept only where it is one a router can dial
+        (the endpoint table hands it on): a bad one costs the relay, never the node."""
+        relay = msg.node.kv_relay
+        if not relay:
+            return msg
+        try:
+            parse_tcp(relay)
+        except AddressError as exc:
+            self.refusals["bad_kv_relay"] += 1
+            self.warn(peer.key, "kv_relay", "node %s: ignored its KV relay address %r: %s", peer.identity,
+                      clip(relay, 100), exc)
+            return evolve(msg, node=evolve(msg.node, kv_relay=""))
+        return msg
 
     def _set_inventory(self, node: Node, inventory: Inventory) -> None:
         # An agent that says Hello again mostly reports what it did: keep the shared copy.
