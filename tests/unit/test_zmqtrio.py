@@ -141,6 +141,33 @@ async def test_try_send_routed(ctx: zmq.Context[Any]) -> None:
     router.close()
 
 
+async def test_try_send_parts_says_why_not_and_never_waits(ctx: zmq.Context[Any]) -> None:
+    router = TrioSocket(ctx.socket(zmq.ROUTER))
+    router.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.sock.setsockopt(zmq.SNDHWM, 2)
+    port = router.sock.bind_to_random_port("tcp://127.0.0.1")
+    assert router.try_send_parts([b"nobody", b"x", b"y"]) == zmq.EHOSTUNREACH
+    d = TrioSocket(ctx.socket(zmq.DEALER))
+    d.sock.setsockopt(zmq.ROUTING_ID, b"peer")
+    d.sock.setsockopt(zmq.RCVHWM, 2)
+    d.sock.connect(f"tcp://127.0.0.1:{port}")
+    with trio.fail_after(10):
+        await d.send_multipart([b"hi"])
+        assert await router.recv_multipart() == [b"peer", b"hi"]
+        big = b"z" * 100_000  # lent, not copied
+        assert router.try_send_parts([b"peer", b"a", big], copy=False) == 0
+        assert await d.recv_multipart() == [b"a", big]
+        # The peer reads nothing: its queues and the kernel's fill, then the peer's pipe.
+        sent = 0
+        while (why := router.try_send_parts([b"peer", b"m", big], copy=False)) == 0:
+            sent += 1
+            assert sent < 10_000
+        assert why == zmq.EAGAIN
+    d.close()
+    router.close()
+    assert router.try_send_parts([b"peer", b"late"]) == zmq.ENOTSOCK
+
+
 async def test_server_batch_drops_a_message_of_many_frames_and_keeps_the_rest(
         ctx: zmq.Context[Any]) -> None:
     from llmgw.server.peers.service import ServerTransport

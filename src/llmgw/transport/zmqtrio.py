@@ -149,6 +149,30 @@ class TrioSocket:
             self._after_io()
         return True
 
+    def try_send_parts(self, parts: list[bytes], *, copy: bool = True) -> int:
+        """Send a multipart message now or not at all; 0 when sent, else why not:
+        zmq.EAGAIN (at the high-water mark: on a ROUTER_MANDATORY socket, that peer's) or
+        zmq.EHOSTUNREACH (a ROUTER_MANDATORY socket's peer, parts[0], is not connected);
+        zmq.ENOTSOCK once the socket is closed. As in try_send_routed, a refusal comes at
+        the first frame, so nothing half-sent is left behind. `copy=False` lends large
+        frames to libzmq instead of copying them (one payload sent to many peers)."""
+        if self._closed:
+            return zmq.ENOTSOCK
+        sock = self.sock
+        try:
+            for part in parts[:-1]:
+                sock.send(part, _NOBLOCK_MORE, copy=copy)
+            sock.send(parts[-1], _NOBLOCK, copy=copy)
+        except zmq.Again:
+            return zmq.EAGAIN
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return zmq.EHOSTUNREACH
+            raise
+        finally:
+            self._after_io()
+        return 0
+
     # ---- closing ----
 
     def close(self, linger: int = 0) -> None:
