@@ -95,6 +95,8 @@ PURE = (
     "llmgw.router.**.slots",
     "llmgw.router.**.jsondepth",
     "llmgw.router.**.fairqueue",
+    "llmgw.router.kv",
+    "llmgw.router.kv.follow",
 )
 
 # The trio shells inside a pure folder, left out of PURE's patterns.

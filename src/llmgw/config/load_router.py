@@ -104,7 +104,8 @@ def _check_kv(path: str, at: str, route: ModelRouteConfig) -> None:
         raise ConfigError(path, f"{at}.kv_weight", f"{route.kv_weight} must be a number, 0 or more")
     if not 0 <= route.kv_speculative_ttl <= MAX_KV_SPECULATIVE_TTL:
         raise ConfigError(path, f"{at}.kv_speculative_ttl",
-                          f"{route.kv_speculative_ttl:g}s must be from 0 (none) to {MAX_KV_SPECULATIVE_TTL:g}s")
+                          f"{route.kv_speculative_ttl:g}s must be from 0 (none) "
+                          f"to {MAX_KV_SPECULATIVE_TTL:g}s")
     if not 1 <= route.kv_index_blocks <= MAX_KV_INDEX_BLOCKS:
         raise ConfigError(path, f"{at}.kv_index_blocks",
                           f"{route.kv_index_blocks} must be from 1 to {MAX_KV_INDEX_BLOCKS}")
