@@ -261,7 +261,7 @@ def test_a_lossy_relay_never_applies_twice_and_ends_equal(steps: list[str]) -> N
     assert len(router.ever) == len(set(router.ever))  # nothing applied twice
     # Equal: the index holds the current life in order, through its last batch, and at
     # least what the agent's ring holds.
-    life, next_seq = router.f.position("r1") or (None, None)
-    assert (life, next_seq) == (agent.life, agent.next)
+    assert router.f.position("r1") == (agent.life, agent.next)
+    next_seq = agent.next
     assert router.index == [(agent.life, s) for s in range(next_seq - len(router.index), next_seq)]
     assert set(agent.ring()) <= set(router.index)

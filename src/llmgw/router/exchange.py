@@ -10,6 +10,7 @@ import attrs
 from llmgw.http1.request import Request
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.router.connection.http import ClientConn
+from llmgw.router.kv.policy import KvModel
 from llmgw.router.tenants.auth import ApiKey
 from llmgw.router.tenants.usage import UsageTap
 
@@ -26,3 +27,5 @@ class Exchange:
     tap: UsageTap | None = None  # usage metering (API keys and limits): sees the answer
     body: bytes | None = None  # sent to the engine instead of the client's (a metered stream)
     affinity: str | None = None  # the prompt's prefix key, where the pool routes by it
+    # kv_aware: the model whose index routes it and the prompt's block keys (router/kv/).
+    kv: tuple[KvModel, list[int]] | None = None

@@ -30,6 +30,7 @@ from llmgw.router.connection.upstream import UpstreamPool, fetch_text
 from llmgw.router.crash import cancel_part, crashed, unexpected
 from llmgw.router.errors import JSON, ApiError
 from llmgw.router.exchange import Exchange
+from llmgw.router.kv.policy import KvRouting
 from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.routing.admission import Gate, Refused
@@ -57,10 +58,14 @@ MAX_TRIES = 3
 class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
+        # kv_aware pools carry the affinity ring too: their fallback (router/kv/policy.py).
         policies = {
-            name: (m.policy == "prefix_affinity", m.prefix_chars) for name, m in config.models.items()
+            name: (m.policy in ("prefix_affinity", "kv_aware"), m.prefix_chars)
+            for name, m in config.models.items()
         }
         self.table = EndpointTable(policies)
+        # kv_aware models: their tokenizers (read here, once) and block indexes.
+        self.kv = KvRouting(config.models)
         self.keys = KeyFile(config.api_keys_file) if config.api_keys_file else None
         # The server's API keys (API keys and limits); once it has any, they win over api_keys_file.
         self.key_table = KeyTable()
@@ -87,6 +92,7 @@ class Router:
         m.loop_lag = self.lag.take_worst
         m.loop_late_total = lambda: self.lag.total
         m.forgiven = lambda: self.upstream.forgiven
+        m.kv = self.kv.families
         m.tenants = lambda: tenant_families(self.key_table, self.limiter, self.usage,
                                             trio.current_time())
         self._stale = config.metrics_stale_after
@@ -120,6 +126,7 @@ class Router:
                     changed = False
                 if changed:
                     self._gates_follow_table()
+                    self.kv.table_changed(self.table.rows)
                     self._release_holds()
                     log.info(
                         "endpoint table version %d: %s",
@@ -316,6 +323,8 @@ class Router:
                 ex.tap = UsageTap(streaming, ex.body is not None)
             if pool.affinity:
                 ex.affinity = prefix_key(body, pool.prefix_chars)
+                if self.kv.on:
+                    ex.kv = await self.kv.keys(m, self.table.bases.get(m), body, len(req.body), path)
             gate = self.gates.get(m)
             if gate is None:
                 gate = self.gates[m] = Gate(self.config.queue_size, self.config.queue_wait)
@@ -358,7 +367,8 @@ class Router:
         for _ in range(MAX_TRIES):
             if tried:
                 now = trio.current_time()
-            r = pool.choose(now, self._stale, ex.affinity, tried)
+            r = (self.kv.choose(ex.kv[0], ex.kv[1], pool, now, self._stale, tried) if ex.kv is not None
+                 else pool.choose(now, self._stale, ex.affinity, tried))
             if r is None:
                 break
             tried += (r,)

@@ -111,6 +111,7 @@ class _Collector:
             value=m.forgiven(),
         )
         yield from m.tenants()  # API keys, usage and limits (router/tenants/metrics.py)
+        yield from m.kv()  # kv_aware routing (router/kv/policy.py)
 
 
 class RouterMetrics:
@@ -129,6 +130,7 @@ class RouterMetrics:
         self.loop_late_total: Callable[[], float] = float
         self.forgiven: Callable[[], int] = int
         self.tenants: Callable[[], Iterator[Metric]] = lambda: iter(())
+        self.kv: Callable[[], Iterator[Metric]] = lambda: iter(())
         r.register(_Collector(self))
         self.upstream_errors = Counter(
             "llmgw_router_upstream_errors",

@@ -23,6 +23,7 @@ from llmgw.errors import ListenError
 from llmgw.rlimit import raise_nofile
 from llmgw.router.connection.lag import watch_lag
 from llmgw.router.front import Router, TableSource
+from llmgw.router.kv.links import serve_kv_links
 from llmgw.router.routing.load_report import report_load
 from llmgw.router.routing.loadwatch import watch_load
 from llmgw.router.tenants.keytable import KeySource, poll_keys
@@ -75,6 +76,8 @@ async def serve_router(
                 await nursery.start(poll_keys, router.key_table, key_source,
                                     config.key_table_interval)
             nursery.start_soon(router.poll_table, table_source)
+            if router.kv.models:  # kv_aware: what the engines hold, from the agents' relays
+                await nursery.start(serve_kv_links, router.kv, config.keys.secret_key)
             if usage_sink is not None:
                 nursery.start_soon(report_usage, router.usage, usage_sink,
                                    config.usage_report_interval)

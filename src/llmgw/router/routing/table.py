@@ -19,7 +19,7 @@ from typing import Any
 
 from llmgw.router.routing.balancer import Pool, Replica
 from llmgw.transport.codec import structure_result
-from llmgw.transport.requests import EndpointsResult
+from llmgw.transport.requests import Endpoint, EndpointsResult
 
 
 def auth_line(key: str) -> bytes:
@@ -45,6 +45,8 @@ class EndpointTable:
         self.bases: dict[str, str] = {}
         # Served names scaled to zero (or waking): their requests are held, not refused.
         self.cold: frozenset[str] = frozenset()
+        # Served name -> its rows as the snapshot gave them (kv_aware reads their `kv`).
+        self.rows: Mapping[str, tuple[Endpoint, ...]] = {}
         self._rng = rng or random.Random()
 
     def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
@@ -91,6 +93,7 @@ class EndpointTable:
         self.bases = bases
         self.waiting = dict(snap.waiting)
         self.cold = frozenset(snap.cold)
+        self.rows = snap.models
         self.version = snap.version
         return True
 

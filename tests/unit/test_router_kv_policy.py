@@ -1,0 +1,273 @@
+"""The kv_aware policy (llmgw.router.kv.policy): a model's tokenizer read from its folder
+(or why not), the table's relays, a request's block keys, and the choice: the replica that
+holds the prompt's leading blocks unless its load outweighs them, the rest of a burst
+following it by speculation, and the fallbacks counted."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+
+from fakes.kv_tokenizer import ids, write_tokenizer
+from llmgw.config.router import ModelRouteConfig
+from llmgw.kvcache import blocks
+from llmgw.kvcache.events import Batch, Stored
+from llmgw.kvcache.tokenize import PromptTokenizer, Unavailable
+from llmgw.router.kv.policy import INLINE_MAX_BYTES, KvModel, KvRouting, read_tokenizer
+from llmgw.router.routing.balancer import Pool, Replica
+
+BS = 4  # block size
+PREFIX = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11"  # with the BOS: 3 full blocks
+
+
+@attrs.frozen
+class Kv:
+    endpoint: str
+    key: str
+
+
+@attrs.frozen
+class Row:
+    replica_id: str
+    kv: Kv | None = None
+
+
+def routing(tmp_path: Path, **route: Any) -> KvRouting:
+    folder = write_tokenizer(tmp_path / "tok")
+    cfg = ModelRouteConfig(policy="kv_aware", tokenizer=str(folder), **route)
+    return KvRouting({"m": cfg, "plain": ModelRouteConfig()})
+
+
+def stored(text: str, parent: int | None = None, start: int = 0) -> Batch:
+    """The engine's BlockStored for the full blocks of `text`'s ids (engine hashes 1000+)."""
+    toks = ids(text)
+    n = len(toks) // BS
+    hashes = tuple(1000 + start + i for i in range(n))
+    return Batch(0.0, 0, None, (Stored(hashes, parent, tuple(toks[: n * BS]), BS),))
+
+
+def pool(*loads: int) -> Pool:
+    rs = []
+    for i, out in enumerate(loads):
+        r = Replica(f"r{i}", f"http://127.0.0.1:{9000 + i}")
+        r.outstanding = out
+        rs.append(r)
+    return Pool(rs, affinity=True, rng=random.Random(1))
+
+
+async def keys(kv: KvRouting, text: str, model: str = "m", base: str | None = None) -> tuple[KvModel, list[int]]:
+    got = await kv.keys(model, base, {"model": model, "prompt": text}, len(text), b"/v1/completions")
+    assert got is not None
+    return got
+
+
+# ---------------------------------------------------------------------------------------
+# The tokenizer folder
+
+
+def test_read_tokenizer_reads_the_folder(tmp_path: Path) -> None:
+    tok = read_tokenizer(str(write_tokenizer(tmp_path / "t")))
+    assert isinstance(tok, PromptTokenizer)
+    assert tok.encode_completion("w1 w2") == ids("w1 w2")
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda p: p / "absent", "cannot read"),
+    (lambda p: p, "no tokenizer.json"),
+])
+def test_read_tokenizer_says_why_not(tmp_path: Path, make: Any, why: str) -> None:
+    got = read_tokenizer(str(make(tmp_path)))
+    assert isinstance(got, Unavailable) and why in got.reason
+
+
+def test_a_model_without_its_tokenizer_is_left_to_prefix_affinity_and_counted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    kv = KvRouting({"m": ModelRouteConfig(policy="kv_aware", tokenizer=str(tmp_path / "none"))})
+    assert kv.on and kv.models == {} and "cannot read" in kv.unavailable["m"]
+    assert "kv_aware routing is off, prefix_affinity instead" in caplog.text
+    assert trio.run(kv.keys, "m", None, {"prompt": "w1"}, 2, b"/v1/completions") is None
+    text = render(kv)
+    assert 'llmgw_router_kv_tokenizer_unavailable{model="m"} 1.0' in text
+    assert 'llmgw_router_kv_fallbacks_total{model="m",why="tokenizer"} 1.0' in text
+
+
+def test_no_kv_aware_model_no_routing(tmp_path: Path) -> None:
+    kv = KvRouting({"plain": ModelRouteConfig(policy="prefix_affinity")})
+    assert not kv.on
+
+
+def render(kv: KvRouting) -> str:
+    reg = CollectorRegistry()
+
+    class C:
+        def collect(self) -> Any:
+            return kv.families()
+
+    reg.register(C())
+    return generate_latest(reg).decode()
+
+
+# ---------------------------------------------------------------------------------------
+# The table
+
+
+def test_the_table_names_the_relays_to_follow_and_forgets_replicas_that_left(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    first = kv.changed
+    kv.table_changed({"m": [Row("r0", Kv("tcp://10.0.0.1:7444", "K1")), Row("r1", Kv("tcp://10.0.0.1:7444", "K1")),
+                            Row("r2", Kv("tcp://10.0.0.2:7444", "K2")), Row("r3")],
+                      "plain": [Row("p0", Kv("tcp://10.0.0.3:7444", "K3"))]})
+    assert first.is_set()
+    assert kv.agents == {("tcp://10.0.0.1:7444", "K1"): {"r0", "r1"}, ("tcp://10.0.0.2:7444", "K2"): {"r2"}}
+    assert kv.model_of("r3") is kv.models["m"] and kv.model_of("p0") is None
+    km = kv.models["m"]
+    km.index.apply("r0", stored(PREFIX))
+    again = kv.changed
+    kv.table_changed({"m": [Row("r0", Kv("tcp://10.0.0.1:7444", "K1")), Row("r1", Kv("tcp://10.0.0.1:7444", "K1")),
+                            Row("r2", Kv("tcp://10.0.0.2:7444", "K2")), Row("r3")]})
+    assert not again.is_set()  # the same relays
+    assert km.index.size("r0") == 3
+    kv.table_changed({"m": [Row("r1", Kv("tcp://10.0.0.1:7444", "K1"))]})
+    assert again.is_set() and kv.agents == {("tcp://10.0.0.1:7444", "K1"): {"r1"}}
+    assert km.index.size("r0") == 0 and kv.model_of("r0") is None
+
+
+# ---------------------------------------------------------------------------------------
+# Requests
+
+
+async def test_no_block_size_yet_falls_back(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    assert await kv.keys("m", None, {"prompt": PREFIX}, 10, b"/v1/completions") is None
+    assert kv.models["m"].fallbacks == {"no_block_size": 1}
+
+
+async def test_keys_chain_the_prompt_as_the_index_chains_the_events(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    got_model, got = await keys(kv, PREFIX + " w50 w51")
+    assert got_model is km
+    assert got == blocks.chain_keys(ids(PREFIX + " w50 w51"), BS, km.index.seed(None))
+    assert km.index.match(got, 0.0) == {"r1": 3}
+
+
+async def test_a_long_prompt_is_tokenized_in_a_thread_with_the_same_keys(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    kv.models["m"].index.apply("r1", stored(PREFIX))
+    text = " ".join(f"w{i % 200}" for i in range(1000))  # over INLINE_MAX_BYTES
+    _, inline = await keys(kv, text[:1999].rsplit(" ", 1)[0])
+    _, threaded = await keys(kv, text)
+    assert len(threaded) == 250 and threaded[: len(inline)] == inline
+
+
+async def test_chat_bodies_are_rendered_as_the_engine_renders_them(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    body = {"model": "m", "messages": [{"role": "user", "content": "w1 w2 w3 w4 w5"}]}
+    got = await kv.keys("m", None, body, 10, b"/v1/chat/completions")
+    assert got is not None
+    chat_ids = km.tok.encode_chat(body["messages"], now=datetime.now())
+    assert got[1] == blocks.chain_keys(chat_ids, BS, km.index.seed(None))
+
+
+@pytest.mark.parametrize(("body", "path"), [
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     b"/v1/chat/completions"),
+    ({"messages": "hi"}, b"/v1/chat/completions"),
+    ({"prompt": None}, b"/v1/completions"),
+    ({"prompt": [{"a": 1}]}, b"/v1/completions"),
+    ({"input": "w1"}, b"/v1/embeddings"),
+])
+async def test_prompts_not_tokenized_fall_back(tmp_path: Path, body: dict[str, Any], path: bytes) -> None:
+    kv = routing(tmp_path)
+    kv.models["m"].index.apply("r1", stored(PREFIX))
+    assert await kv.keys("m", None, body, 10, path) is None
+    assert kv.models["m"].fallbacks == {"not_text": 1}
+
+
+async def test_an_adapter_uses_its_base_index_with_its_own_seed(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    got_model, got = await keys(kv, PREFIX, model="sql-lora", base="m")
+    assert got_model is km
+    assert got == blocks.chain_keys(ids(PREFIX), BS, km.index.seed("sql-lora"))
+    assert km.index.match(got, 0.0) == {}  # the base's blocks are not the adapter's
+    assert await kv.keys("other-lora", "plain", {"prompt": "w1"}, 2, b"/v1/completions") is None
+
+
+async def test_the_replica_holding_the_prefix_wins_unless_its_load_outweighs_it(tmp_path: Path) -> None:
+    kv = routing(tmp_path, kv_weight=1.0, kv_speculative_ttl=0.0)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    _, k = await keys(kv, PREFIX + " w60")  # 3 blocks, all on r1
+    assert kv.choose(km, k, pool(0, 2, 0), 0.0, 2.0, ()).replica_id == "r1"  # 3 uncached > 2 more load
+    assert kv.choose(km, k, pool(0, 4, 0), 0.0, 2.0, ()).replica_id == "r0"  # 4 more load > 3 blocks
+    assert (km.routed, km.prompt_blocks, km.hit_blocks) == (2, 6, 3)
+    p = pool(0, 0, 0)
+    assert kv.choose(km, k, p, 0.0, 2.0, (p.replicas[1],)).replica_id == "r0"  # a retry elsewhere
+
+
+async def test_a_burst_follows_the_first_choice_by_speculation(tmp_path: Path) -> None:
+    kv = routing(tmp_path, kv_weight=1.0, kv_speculative_ttl=2.0)
+    km = kv.models["m"]
+    km.index.apply("r9", stored("w100 w101 w102 w103"))  # a block size, nothing of this prefix
+    _, k = await keys(kv, PREFIX)
+    p = pool(0, 0, 0)
+    first = kv.choose(km, k, p, 10.0, 2.0, ())
+    first.outstanding += 1  # dispatched
+    assert kv.choose(km, k, p, 11.0, 2.0, ()) is first  # held by speculation: 3 blocks > 1 load
+    assert km.hit_blocks == 3
+    assert kv.choose(km, k, pool(0, 0, 1), 12.5, 2.0, ()).replica_id == "r0"  # expired
+
+
+async def test_one_replica_or_none_eligible_is_the_pools_own_answer(tmp_path: Path) -> None:
+    kv = routing(tmp_path)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    _, k = await keys(kv, PREFIX)
+    p = pool(0, 0)
+    assert kv.choose(km, k, p, 0.0, 2.0, (p.replicas[0],)) is p.replicas[1]
+    assert kv.choose(km, k, p, 0.0, 2.0, tuple(p.replicas)) is None
+    assert km.routed == 0
+
+
+async def test_metrics_say_the_predicted_hits_and_the_index(tmp_path: Path) -> None:
+    kv = routing(tmp_path, kv_weight=1.0)
+    km = kv.models["m"]
+    km.index.apply("r1", stored(PREFIX))
+    _, k = await keys(kv, PREFIX)
+    kv.choose(km, k, pool(0, 0), 0.0, 2.0, ())
+    text = render(kv)
+    for line in ('llmgw_router_kv_predicted_hit_blocks_total{model="m"} 3.0',
+                 'llmgw_router_kv_prompt_blocks_total{model="m"} 3.0',
+                 'llmgw_router_kv_routed_total{model="m"} 1.0',
+                 'llmgw_router_kv_index_blocks{model="m"} 3.0'):
+        assert line in text, text
+
+
+async def test_only_a_long_body_is_tokenized_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = routing(tmp_path)
+    kv.models["m"].index.apply("r1", stored(PREFIX))
+    threads: list[int] = []
+    real = KvRouting._keys
+
+    def spy(self: KvRouting, *args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(self, *args)
+
+    monkeypatch.setattr(KvRouting, "_keys", spy)
+    await kv.keys("m", None, {"prompt": PREFIX}, INLINE_MAX_BYTES, b"/v1/completions")
+    await kv.keys("m", None, {"prompt": PREFIX}, INLINE_MAX_BYTES + 1, b"/v1/completions")
+    assert threads[0] == threading.get_ident() and threads[1] != threading.get_ident()
