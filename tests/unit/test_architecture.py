@@ -95,6 +95,7 @@ PURE = (
     "llmgw.router.**.slots",
     "llmgw.router.**.jsondepth",
     "llmgw.router.**.fairqueue",
+    "llmgw.router.**.resume",
     "llmgw.router.kv",
     "llmgw.router.kv.follow",
 )

@@ -1,6 +1,7 @@
 import pytest
 
 from llmgw.errors import UsageError
+from llmgw.simengine.api import continued
 from llmgw.simengine.args import VLLM_DEFAULT_MASTER_PORT, parse_args
 
 
@@ -69,6 +70,21 @@ def test_knobs_from_env_and_flags() -> None:
     assert b.tokens_per_second == 5.0
     c = parse_args(["serve", "m"], {})
     assert c.exit_after is None and not c.ignore_sigterm and c.load_seconds == 0.0
+    assert c.die_after_tokens == 0
+    assert parse_args(["serve", "m"], {"LLMGW_SIM_DIE_AFTER_TOKENS": "5"}).die_after_tokens == 5
+    assert parse_args(["serve", "m", "--sim-die-after-tokens", "2"], {}).die_after_tokens == 2
+
+
+@pytest.mark.parametrize(("text", "start"), [
+    ("hello", 0),
+    ("the", 1),
+    ("Say: the quick brown", 3),
+    ("the quick brown fox jumps over a lazy dog again the quick", 12),
+    ("quick", 0),  # not the text's start
+    ("the quick brown fox jumps over a lazy dog again the quick brown fox jumps over", 16),
+])
+def test_simulated_answer_goes_on_from_its_own_start(text: str, start: int) -> None:
+    assert continued(text, 16) == start
 
 
 @pytest.mark.parametrize(

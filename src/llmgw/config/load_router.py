@@ -21,6 +21,9 @@ from llmgw.config.router import (
 )
 from llmgw.errors import ConfigError
 
+# Continuations of one stream at most: each re-reads the whole prompt and what was sent.
+MAX_MIGRATIONS = 10
+
 
 @cache
 def _converter() -> Converter:
@@ -50,6 +53,8 @@ def _check(path: str, cfg: RouterConfig) -> None:
         raise ConfigError(path, "queue_size", f"{cfg.queue_size} must be 0 (no queue) or more")
     if cfg.queue_wait < 0:
         raise ConfigError(path, "queue_wait", f"{cfg.queue_wait:g}s must not be negative")
+    if cfg.failover_timeout <= 0:
+        raise ConfigError(path, "failover_timeout", f"{cfg.failover_timeout:g}s must be more than 0")
     if cfg.load_report_interval < 0.1:
         raise ConfigError(path, "load_report_interval",
                           f"{cfg.load_report_interval:g}s must be at least 100ms")
@@ -70,6 +75,9 @@ def _check(path: str, cfg: RouterConfig) -> None:
                 f"models.{name}.policy",
                 f"{route.policy!r} is not one of " + ", ".join(f'"{p}"' for p in POLICIES),
             )
+        if not 0 <= route.failover_migrations <= MAX_MIGRATIONS:
+            raise ConfigError(path, f"models.{name}.failover_migrations",
+                              f"{route.failover_migrations} must be from 0 (off) to {MAX_MIGRATIONS}")
         if route.prefix_chars < 1:
             raise ConfigError(path, f"models.{name}.prefix_chars", f"{route.prefix_chars} must be at least 1")
         _check_kv(path, f"models.{name}", route)

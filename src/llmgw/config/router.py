@@ -25,6 +25,10 @@ class RouterKeysConfig:
 
 @frozen
 class ModelRouteConfig:
+    # Mid-stream failover: how many times a stream whose engine fails after the first
+    # byte may go on on another replica (docs/router.md); 0: never, the stream then ends
+    # with an error event.
+    failover_migrations: int = 1
     # How requests for this model pick a replica: "least_outstanding" or "prefix_affinity".
     policy: str = "least_outstanding"
     # With prefix_affinity: how many leading characters of the prompt choose the replica
@@ -60,6 +64,9 @@ class RouterConfig:
     connect_timeout: Duration = 1.0
     first_byte_timeout: Duration = 300.0
     idle_timeout: Duration = 60.0
+    # Mid-stream failover: a continuation's first byte is due within this long of the
+    # break (every replica tried for it together); past it the stream ends with an error.
+    failover_timeout: Duration = 30.0
     # A request head (request line and header fields) must be all in within this long,
     # from the connection for the first request, from its first byte for later ones: 408.
     header_timeout: Duration = 10.0

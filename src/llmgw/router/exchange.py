@@ -10,6 +10,7 @@ import attrs
 from llmgw.http1.request import Request
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.router.connection.http import ClientConn
+from llmgw.router.connection.resume import Follow
 from llmgw.router.kv.policy import KvModel
 from llmgw.router.tenants.auth import ApiKey
 from llmgw.router.tenants.usage import UsageTap
@@ -27,5 +28,7 @@ class Exchange:
     tap: UsageTap | None = None  # usage metering (API keys and limits): sees the answer
     body: bytes | None = None  # sent to the engine instead of the client's (a metered stream)
     affinity: str | None = None  # the prompt's prefix key, where the pool routes by it
+    # A stream that may go on on another replica when its engine fails (resume.py).
+    follow: Follow | None = None
     # kv_aware: the model whose index routes it and the prompt's block keys (router/kv/).
     kv: tuple[KvModel, list[int]] | None = None

@@ -16,16 +16,16 @@ from typing import Any
 
 import trio
 
-from llmgw.config.router import RouterConfig
+from llmgw.config.router import ModelRouteConfig, RouterConfig
 from llmgw.errors import ProtocolError
 from llmgw.logbound import Throttle
 from llmgw.model.apikey import ApiKeyRecord
 from llmgw.router import errors
-from llmgw.router.connection import sockio
+from llmgw.router.connection import failover, sockio
 from llmgw.router.connection.http import ClientConn, H1Error, Request
 from llmgw.router.connection.jsondepth import MAX_DEPTH, too_deep
 from llmgw.router.connection.lag import LagMeter
-from llmgw.router.connection.relay import ClientGone, Failed, Relay
+from llmgw.router.connection.relay import ClientGone, Failed, Migrate, Relay
 from llmgw.router.connection.upstream import UpstreamPool, fetch_text
 from llmgw.router.crash import cancel_part, crashed, unexpected
 from llmgw.router.errors import JSON, ApiError
@@ -53,6 +53,7 @@ TableSource = Callable[[int], Awaitable[Mapping[str, Any] | None]]
 HOLD_POLL = 0.1
 PROXIED = {b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"}
 MAX_TRIES = 3
+DEFAULT_ROUTE = ModelRouteConfig()
 
 
 class Router:
@@ -321,6 +322,9 @@ class Router:
                 # taken out, so the engine is not asked for it (its tokens go uncounted).
                 ex.body = usage_body(body, req.body) if streaming and not client.http10 else None
                 ex.tap = UsageTap(streaming, ex.body is not None)
+            if streaming and not client.http10 and self._route(m).failover_migrations:
+                ex.follow = failover.follow_for(path, body, ex.body is not None
+                                                or failover.asks_usage(body))
             if pool.affinity:
                 ex.affinity = prefix_key(body, pool.prefix_chars)
                 if self.kv.on:
@@ -372,11 +376,14 @@ class Router:
             if r is None:
                 break
             tried += (r,)
+            broke: Migrate | None = None
             r.outstanding += 1
             try:
                 return await self.relay.run(ex, r, now)
             except ClientGone:
                 return 499  # the client went away; nothing to answer
+            except Migrate as m:
+                broke = m
             except Failed as f:
                 last = f"{r.replica_id}: {f}"
                 if f.eject:
@@ -385,9 +392,28 @@ class Router:
                     raise ApiError(504, str(f), type_="server_error", code="upstream_timeout") from None
             finally:
                 r.outstanding -= 1
+            if broke is not None:
+                return await self._carry_on(ex, pool, r, broke)
         if not tried:
             raise errors.no_replica(model)
         raise errors.upstream_failed(model, last)
+
+    def _route(self, model: str) -> ModelRouteConfig:
+        return self.config.models.get(model) or DEFAULT_ROUTE
+
+    async def _carry_on(self, ex: Exchange, pool: Any, broke: Replica, m: Migrate) -> int:
+        """A stream broke mid-answer and may go on: another replica of the model carries
+        on into the same client response (connection/failover.py)."""
+        stale = self._stale
+
+        def choose(tried: tuple[Replica, ...]) -> Replica | None:
+            now = trio.current_time()
+            return (self.table.pools.get(ex.model) or pool).choose(now, stale, ex.affinity, tried)
+
+        return await failover.carry_on(
+            self.relay, ex, choose, self._failed, broke, m.why,
+            migrations=self._route(ex.model).failover_migrations,
+            timeout=self.config.failover_timeout, status=200)
 
     def _failed(self, model: str, r: Replica, why: str) -> None:
         """A failure of `r` serving `model`: counted; ejected only on the balancer's

@@ -141,6 +141,15 @@ class RouterMetrics:
         self.ejections = Counter(
             "llmgw_router_ejections", "Replicas ejected after a failure.", ["replica"], registry=r
         )
+        self.failovers = Counter(
+            "llmgw_router_stream_failovers",
+            "Streams whose engine failed mid-answer, by model and outcome (resumed: another "
+            "replica went on; refused: the request or what was sent cannot be resumed, or no "
+            "migration was left; failed: no replica went on in time; whole: only the end was "
+            "lost).",
+            ["model", "outcome"],
+            registry=r,
+        )
 
     def count(self, model: str, status: int) -> None:
         key = (model, status)
@@ -163,6 +172,9 @@ class RouterMetrics:
 
     def first_byte(self, model: str, seconds: float) -> None:
         self.first_byte_hist.observe(model, seconds)
+
+    def failover(self, model: str, outcome: str) -> None:
+        self.failovers.labels(model, outcome).inc()  # models are the table's: bounded
 
     def upstream_error(self, replica: str, kind: str) -> None:
         self.upstream_errors.labels(replica, kind).inc()

@@ -37,6 +37,22 @@ def token_text(i: int) -> str:
     return ("" if i == 0 else " ") + _WORDS[i % len(_WORDS)]
 
 
+def continued(text: str, tokens: int) -> int:
+    """Where the answer starts: the simulated model's text is fixed ("the quick brown ...",
+    `tokens` of it), and a prompt that already ends with its first k tokens is answered
+    with the rest, from token k (the largest such k; 0 for any other prompt). So the
+    answer is a function of the prompt, and a continuation (the prompt plus what an engine
+    sent before it died) gives what one engine would have sent: as a real model, greedy."""
+    full = "".join(token_text(i) for i in range(tokens))
+    ends = [len(full)]
+    for i in range(tokens - 1, 0, -1):
+        ends.append(ends[-1] - len(token_text(i)))
+    for k, end in zip(range(tokens, 0, -1), ends, strict=True):
+        if text.endswith(full[:end]):
+            return k
+    return 0
+
+
 def embedding(text: str) -> list[float]:
     """A deterministic unit vector for a text."""
     digest = hashlib.sha256(text.encode()).digest()
@@ -302,29 +318,48 @@ class SimEngine:
         body = self._json(ex)
         if "prompt" not in body:
             raise BadRequest("`prompt` is required")
-        await self._generate(ex, body, chat=False, prompt_tokens=_count_tokens(body["prompt"]))
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        start = continued(prompt, self.args.tokens) if isinstance(prompt, str) else 0
+        await self._generate(ex, body, chat=False, prompt_tokens=_count_tokens(body["prompt"]),
+                             start=start)
 
     async def _chat(self, ex: Exchange) -> None:
         body = self._json(ex)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("`messages` must be a non-empty list")
-        await self._generate(ex, body, chat=True, prompt_tokens=_count_tokens(messages))
+        if body.get("continue_final_message") and body.get("add_generation_prompt"):
+            # vLLM's ChatCompletionRequest.check_generation_prompt (both given as true)
+            raise BadRequest("Cannot set both `continue_final_message` and "
+                             "`add_generation_prompt` to True.")
+        start = 0
+        prompt_tokens = _count_tokens(messages)
+        last = messages[-1]
+        if (body.get("continue_final_message") and isinstance(last, dict)
+                and last.get("role") == "assistant" and isinstance(last.get("content"), str)):
+            start = continued(last["content"], self.args.tokens)
+            # The open assistant turn: its text, no turn of its own (the count of a plain
+            # request holds no generation prompt either).
+            prompt_tokens = _count_tokens(messages[:-1]) + len(last["content"].split())
+        await self._generate(ex, body, chat=True, prompt_tokens=prompt_tokens, start=start)
 
-    def _length(self, body: dict[str, Any]) -> tuple[int, str]:
+    def _length(self, body: dict[str, Any], start: int = 0) -> tuple[int, str]:
+        left = self.args.tokens - start
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         if limit is None:
-            return self.args.tokens, "stop"
+            return left, "stop"
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise BadRequest("`max_tokens` must be a positive integer")
-        if limit < self.args.tokens:
+        if limit < left:
             return limit, "length"
-        return self.args.tokens, "stop"
+        return left, "stop"
 
     async def _generate(
-        self, ex: Exchange, body: dict[str, Any], *, chat: bool, prompt_tokens: int
+        self, ex: Exchange, body: dict[str, Any], *, chat: bool, prompt_tokens: int, start: int = 0
     ) -> None:
-        n, finish = self._length(body)
+        n, finish = self._length(body, start)
         stream = bool(body.get("stream", False))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         ex.request_id = rid
@@ -339,11 +374,12 @@ class SimEngine:
         self.running += 1
         try:
             if stream:
-                await self._stream(ex, rid, model, created, n, finish, chat, body, prompt_tokens)
+                await self._stream(ex, rid, model, created, n, finish, chat, body, prompt_tokens,
+                                   start)
             else:
                 await self._tick_all(n)
                 self.generated += n
-                text = "".join(token_text(i) for i in range(n))
+                text = "".join(token_text(start + i) for i in range(n))
                 usage = _usage(prompt_tokens, n)
                 if chat:
                     choice: dict[str, Any] = {
@@ -390,8 +426,15 @@ class SimEngine:
         chat: bool,
         body: dict[str, Any],
         prompt_tokens: int,
+        start: int = 0,
     ) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
+        options = body.get("stream_options") or {}
+        asked = isinstance(options, dict) and bool(options.get("include_usage"))
+        # vLLM: usage in every chunk with include_usage and continuous_usage_stats
+        # (serve/utils/api_utils.py should_include_usage).
+        every = asked and bool(options.get("continuous_usage_stats"))
+        die = self.args.die_after_tokens
 
         def chunk(choice: dict[str, Any], usage: dict[str, int | None] | None = None) -> bytes:
             payload: dict[str, Any] = {
@@ -429,18 +472,21 @@ class SimEngine:
                 "logprobs": None,
                 "finish_reason": None,
             }
-            await ex.send_body(chunk(first))
+            await ex.send_body(chunk(first, _usage(prompt_tokens, 0) if every else None))
         # vLLM's shape: in a chat stream the last content delta carries the finish_reason;
         # a completion stream sends its last token without one, then an empty text with it.
         for i, deadline in enumerate(self._deadlines(n)):
             await trio.sleep_until(deadline)
             last = i == n - 1
-            await ex.send_body(chunk(choice(token_text(i), finish if last and chat else None)))
+            await ex.send_body(chunk(choice(token_text(start + i), finish if last and chat else None),
+                                     _usage(prompt_tokens, i + 1) if every else None))
             self.generated += 1
+            if die and i + 1 >= die and not last:
+                log.error("dying after %d tokens of %s (--sim-die-after-tokens)", i + 1, rid)
+                os._exit(70)  # as a crashed engine: no answer finished, no socket closed well
         if not chat or n == 0:
-            await ex.send_body(chunk(choice(None, finish)))
-        options = body.get("stream_options") or {}
-        if isinstance(options, dict) and options.get("include_usage"):
+            await ex.send_body(chunk(choice(None, finish), _usage(prompt_tokens, n) if every else None))
+        if asked:
             await ex.send_body(chunk({}, _usage(prompt_tokens, n)))
         await ex.send_body(b"data: [DONE]\n\n")
         await ex.end()

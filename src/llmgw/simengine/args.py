@@ -55,6 +55,9 @@ class SimArgs:
     exit_after: float | None = None
     ignore_sigterm: bool = False
     max_running: int = 256
+    # An engine that crashes mid-answer: the process exits at once after sending this many
+    # tokens of one stream (0: never). Mid-stream failover is tested with it.
+    die_after_tokens: int = 0
     # vLLM's VLLM_KEEP_ALIVE_ON_ENGINE_DEATH: stay up (health 503) when the gang breaks.
     keep_alive_on_death: bool = False
     # LoRA as vLLM takes it: --enable-lora --max-loras --max-lora-rank, --lora-modules
@@ -145,6 +148,7 @@ def _parser() -> _Parser:
     p.add_argument("--sim-exit-after", default=None)
     p.add_argument("--sim-ignore-sigterm", action="store_true")
     p.add_argument("--sim-max-running", default=None)
+    p.add_argument("--sim-die-after-tokens", default=None)
     return p
 
 
@@ -225,6 +229,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> SimArgs:
         ),
         ignore_sigterm=ignore,
         max_running=int(_knob(ns.sim_max_running, env, "LLMGW_SIM_MAX_RUNNING", 256)),
+        die_after_tokens=int(_knob(ns.sim_die_after_tokens, env, "LLMGW_SIM_DIE_AFTER_TOKENS", 0)),
         keep_alive_on_death=env.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "") in ("1", "true"),
         lora=ns.enable_lora,
         max_loras=ns.max_loras,

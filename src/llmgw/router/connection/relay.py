@@ -10,7 +10,10 @@ of the body, a failed stream's error event) goes through `llmgw.http1.writers`.
 
 `Relay.run` is four steps: the request and the engine's head (`_head`, `_answered`), the
 client's head and the answer's framing (`_answer`), the body (`_relay_body`), and, when
-the engine fails after the client got the head, the end of the stream (`_broke`).
+the engine fails after the client got the head, the end of the stream (`_broke`), or
+`Migrate` where the stream may go on on another replica (mid-stream failover: the
+exchange's `follow`, resume.py; the replica is chosen by failover.py). A continuation is
+relayed by the same steps into the same client response: no head of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import trio
 from llmgw.config.router import RouterConfig
 from llmgw.http1.chunked import ChunkedReader
 from llmgw.http1.grammar import H1Error
-from llmgw.http1.writers import BodyWriter, ChunkedWriter, CloseWriter
+from llmgw.http1.writers import LAST_CHUNK, BodyWriter, ChunkedWriter, CloseWriter, chunk
 from llmgw.router.connection import sockio
 from llmgw.router.connection.upstream import (
     ConnectFailed,
@@ -49,6 +52,15 @@ class Failed(Exception):
         super().__init__(message)
         self.eject = eject
         self.retry = retry
+
+
+class Migrate(Exception):
+    """The engine failed after the client got part of a stream that may go on on another
+    replica (what was sent is whole events; the exchange's `follow` knows them)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 RETRY_STATUS = (502, 503, 504)
@@ -87,15 +99,21 @@ class Relay:
         self.metrics = metrics
         self.eject = eject
 
-    async def run(self, ex: Exchange, r: Replica, t0: float | None = None) -> int:
+    async def run(self, ex: Exchange, r: Replica, t0: float | None = None,
+                  deadline: float | None = None) -> int:
         """Relay one exchange; returns the status. Raises Failed before anything went to
-        the client, trio.BrokenResourceError when the engine failed after that, ClientGone
-        when the client closed meanwhile (the engine's connection is closed: it stops).
-        `t0`: the clock now, when the caller has just read it. The exchange's `tap` (usage
-        metering) sees the answer and may drop a stream's usage event; its `body` replaces
-        the client's (a metered stream asks the engine for its usage)."""
+        the client (or, for a continuation, before the continuation's head),
+        trio.BrokenResourceError when the engine failed after that, Migrate when the
+        stream may go on elsewhere, ClientGone when the client closed meanwhile (the
+        engine's connection is closed: it stops). `t0`: the clock now, when the caller has
+        just read it. `deadline`: for the engine's head, instead of `first_byte_timeout`
+        from `t0`. The exchange's `tap` (usage metering) sees the answer and may drop a
+        stream's usage event; its `body` replaces the client's (a metered stream asks the
+        engine for its usage; a continuation is its own request)."""
         if t0 is None:
             t0 = trio.current_time()
+        if deadline is None:
+            deadline = t0 + self.first_byte
         client = ex.client
         req_head, body = self._request(ex, r)
         conn: UpstreamConn | None = None
@@ -108,7 +126,7 @@ class Relay:
         # exchange after between 63/64 and 64/64 of `idle_timeout`). The client's reader
         # cancels it too when the client closes (`client.watch`).
         try:
-            with trio.CancelScope(deadline=t0 + self.first_byte) as scope:
+            with trio.CancelScope(deadline=deadline) as scope:
                 client.watch = scope
                 if client.eof:
                     scope.cancel()
@@ -125,10 +143,10 @@ class Relay:
                     raise ClientGone()
                 if conn is None:
                     self.metrics.upstream_error(r.replica_id, "timeout")
-                    raise Failed(f"no response within {self.first_byte:g}s", eject=False, retry=False)
+                    raise Failed(f"no response within {deadline - t0:g}s", eject=False, retry=False)
                 broken = f"no data for {self.idle:g}s"
         except ProtocolError as exc:
-            if not client.responded:
+            if a is None:
                 self.metrics.upstream_error(r.replica_id, "broken")
                 raise Failed(f"engine broke the response: {exc}") from None
             broken = f"engine broke the response: {exc}"
@@ -140,7 +158,23 @@ class Relay:
                 else:
                     close_now(conn)
         assert a is not None  # the client got a head: the answer's framing was chosen
+        follow = ex.follow
+        if follow is not None and follow.at_edge:
+            self.metrics.upstream_error(r.replica_id, "broken")
+            if not broken.startswith("no data"):
+                self.eject(ex.model, r, broken)
+            if a.out:  # whole chunks only: the follower holds a partial one back
+                await sockio.send_all(client.sock, a.out)
+            raise Migrate(f"replica {r.replica_id} failed: {broken}")
         return await self._broke(ex, r, a, broken)
+
+    @staticmethod
+    async def end_stream(ex: Exchange, why: str, whole: bool = False) -> None:
+        """End a stream that went through a failover and can go on no further: the error
+        event (`why`), or only [DONE] when the client already had the whole answer
+        (`whole`: its finish_reason went out, the engine broke before its end)."""
+        ev = b"data: [DONE]\n\n" if whole else sse_error_event(why)
+        await sockio.send_all(ex.client.sock, chunk(ev) + LAST_CHUNK)
 
     @staticmethod
     def _request(ex: Exchange, r: Replica) -> tuple[bytes, bytes]:
@@ -201,10 +235,21 @@ class Relay:
     def _answer(ex: Exchange, head: Head) -> _Answer:
         """The client's head, and how the body goes on: the engine's chunks byte for byte,
         its Content-Length, or (an answer that ends with the connection) chunked by the
-        router for an HTTP/1.1 client and close-delimited for an HTTP/1.0 one."""
+        router for an HTTP/1.1 client and close-delimited for an HTTP/1.0 one. A
+        continuation writes no head: its chunks go on in the client's response, which only
+        a 200 with chunks can do."""
         client = ex.client
         status = head.status
         framing = head.framing
+        follow = ex.follow
+        if follow is not None:
+            if follow.stream.part:
+                if status != 200 or framing != "chunked":
+                    raise Failed(f"the continuation was answered HTTP {status} ({framing})",
+                                 eject=False, retry=False)
+                return _Answer(head, b"", ChunkedWriter(), ChunkedReader(502))
+            if status != 200 or framing != "chunked":
+                ex.follow = None  # only an engine's chunked stream is followed
         chunked_head = b"content-type: %s\r\ntransfer-encoding: chunked\r\n" % head.content_type
         if framing == "chunked":
             if client.http10:
@@ -230,6 +275,7 @@ class Relay:
         (the connection marked clean if it may carry another exchange), else why it broke;
         the bytes not sent yet stay in `a.out`."""
         tap = ex.tap
+        follow = ex.follow
         send = ex.client.sock
         head = a.head
         framing = head.framing
@@ -249,6 +295,8 @@ class Relay:
                 if scanner is not None:
                     # The engine's chunks go to the client byte for byte.
                     fwd, done = scanner.feed(data)
+                    if follow is not None:
+                        fwd = follow.feed(fwd)
                     a.out += fwd if tap is None else tap.feed(fwd)
                 elif framing == "length":
                     if len(data) > left:
