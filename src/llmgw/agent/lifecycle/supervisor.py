@@ -24,6 +24,7 @@ from llmgw.agent.discovery.engine_check import command_keys
 from llmgw.agent.discovery.procnet import PortConflict
 from llmgw.agent.engines import weights_for
 from llmgw.agent.gpus.memory import GpuMemoryReader
+from llmgw.agent.kvevents.feeds import KvFeeds
 from llmgw.agent.lifecycle import inplace
 from llmgw.agent.lifecycle.adopt import Adopted, Gone, adopt_records
 from llmgw.agent.lifecycle.converge import Start, Stop, converge
@@ -68,8 +69,12 @@ class Supervisor(Watching):
         inventory: InventoryFn | None = None,
         on_bad_copy: Callable[[ModelCopy, str], None] | None = None,
         health_probe: HealthProbe = http_health,
+        kv: KvFeeds | None = None,
     ) -> None:
         self._config = config
+        # The KV-event receivers of the engines that publish them (kv_events), each from
+        # before its engine spawns (or from its adoption) to its exit; None: none received.
+        self._kv = kv
         # Called (on the event loop, must not block) with a copy of weights an engine
         # died reading, and the engine's words (llmgw.agent.lifecycle.bad_copies).
         self._on_bad_copy = on_bad_copy
@@ -116,6 +121,8 @@ class Supervisor(Watching):
             try:
                 for item in found:
                     if isinstance(item, Adopted):
+                        if self._kv is not None:
+                            await self._kv.begin(nursery, item.record.spec)
                         self._launch_watch(item.record, "adopted after agent restart")
                     else:
                         self._report_gone(item)
@@ -248,8 +255,13 @@ class Supervisor(Watching):
         os.makedirs(folder, exist_ok=True)
         log_path = os.path.join(folder, LOG)
         procs.rotate_log(log_path, self._sup.log_max_bytes)
+        if self._kv is not None:
+            # Bound before the spawn: the publisher's first batches find the port open.
+            await self._kv.begin(nursery, spec)
         got = await self._starter.start(spec, restarts, folder, log_path)
         if isinstance(got, Refused):
+            if self._kv is not None:
+                self._kv.end(rid)
             self._refuse(spec, restarts, log_path, got.reason,
                          conflict_port=got.conflict_port, logged=got.logged)
             if got.unavailable and self._on_unavailable is not None:

@@ -13,6 +13,7 @@ from attrs import evolve
 
 from llmgw.agent.discovery.procnet import PortConflict
 from llmgw.agent.engines import weights_for
+from llmgw.agent.kvevents.feeds import KvFeeds
 from llmgw.agent.lifecycle import inplace
 from llmgw.agent.lifecycle.bad_copies import unreadable_reason
 from llmgw.agent.lifecycle.engine import Engine
@@ -49,6 +50,7 @@ class Watching:
     _nursery: trio.Nursery | None
     releases: GpuReleases
     health: HealthWatch
+    _kv: KvFeeds | None
 
     def _event(self, eng: Engine, event: EngineEvent, reason: str, **changes: object) -> None:
         raise NotImplementedError
@@ -78,6 +80,8 @@ class Watching:
             log.exception("engine %s: watcher failed; engine left running, unwatched",
                           eng.spec.replica_id)
             self._engines.pop(eng.spec.replica_id, None)
+            if self._kv is not None:
+                self._kv.end(eng.spec.replica_id)
             eng.done.set()
 
     async def _watch(self, eng: Engine) -> None:
@@ -153,6 +157,8 @@ class Watching:
         if eng.life.died_starting():
             reason += self._unreadable_copy(eng, tail)
         del self._engines[rec.spec.replica_id]
+        if self._kv is not None:  # no engine, no stream: its routers hear Gone
+            self._kv.end(rec.spec.replica_id)
         remove_record(self._sup.work_dir, rec.spec.replica_id)
         # Releasing before the exit is reported: a server that places again on hearing it
         # must already find these GPUs out (the inventory says so once it is sent).
