@@ -30,9 +30,9 @@ class Routers:
     """The authorized router keys, as the server hands them to the agent."""
 
     def __init__(self, *keys: bytes) -> None:
-        self.keys = {k.decode() for k in keys}
+        self.keys = set(keys)
 
-    def allows(self, public_key_z85: str) -> bool:
+    def allows(self, public_key_z85: bytes) -> bool:
         return public_key_z85 in self.keys
 
 

@@ -48,7 +48,7 @@ _bad = Throttle()  # bad frames, revoked keys and bugs: a line per peer and kind
 class Routers(Protocol):
     """The router keys the server has authorized, as they are now."""
 
-    def allows(self, public_key_z85: str) -> bool: ...
+    def allows(self, public_key_z85: bytes) -> bool: ...
 
 
 class RelayService:
@@ -116,8 +116,7 @@ class RelaySink:
 
 def _lookup(routers: Routers, public: bytes) -> KeyInfo | None:
     """zap_reply's lookup: a router key the server authorized, named by itself."""
-    key = public.decode()
-    return KeyInfo(key, ROLE, public) if routers.allows(key) else None
+    return KeyInfo(public.decode(), ROLE, public) if routers.allows(public) else None
 
 
 async def serve_kv_relay(
@@ -179,7 +178,7 @@ async def _answer(live: TrioSocket, service: RelayService, routers: Routers) -> 
             user = str(frames[-1].get("User-Id"))  # the key ZAP admitted the connection with
         except zmq.ZMQError:
             user = ""  # never without the ZAP handler: refused below all the same
-        if not routers.allows(user):
+        if not routers.allows(user.encode()):
             _bad.log(log, logging.WARNING, ("key", user), "KV relay: ignored a router key "
                      "no longer authorized: %s", user)
             service.relay.drop(ident)
