@@ -93,7 +93,7 @@ class Router:
         m.loop_lag = self.lag.take_worst
         m.loop_late_total = lambda: self.lag.total
         m.forgiven = lambda: self.upstream.forgiven
-        m.kv = self.kv.families
+        m.kv = lambda: self.kv.families(self.table.pools, self.table.bases)
         m.tenants = lambda: tenant_families(self.key_table, self.limiter, self.usage,
                                             trio.current_time())
         self._stale = config.metrics_stale_after

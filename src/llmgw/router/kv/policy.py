@@ -219,7 +219,10 @@ class KvRouting:
 
     # ---- metrics --------------------------------------------------------------------
 
-    def families(self) -> Iterator[Metric]:
+    def families(self, pools: Mapping[str, Pool] | None = None,
+                 adapters: Mapping[str, str] | None = None) -> Iterator[Metric]:
+        """The kv_aware figures; with the table's `pools` (and `adapters`, left out: they
+        share their base's replicas), the engines' own prefix-cache counters too."""
         def fam(kind: type, name: str, doc: str, labels: Sequence[str] = ("model",)) -> Any:
             return kind(name, doc, labels=list(labels))
 
@@ -266,3 +269,27 @@ class KvRouting:
             fallbacks.add_metric([name, "tokenizer"], self.tokenizer_fallbacks.get(name, 0))
             off.add_metric([name], 1)
         yield from (hit, total, routed, size, batches, blocks_, clears, refollows, fallbacks, off)
+        if pools is not None:
+            yield from _engine_prefix_cache(pools, adapters or {})
+
+
+def _engine_prefix_cache(pools: Mapping[str, Pool], adapters: Mapping[str, str]) -> Iterator[Metric]:
+    """vLLM's own prefix-cache counters per replica, as its /metrics last gave them (an
+    engine's restart resets them, as Prometheus expects of a counter): the hit rate the
+    engines see, beside the one the router predicts."""
+    labels = ["model", "replica"]
+    hits = CounterMetricFamily("llmgw_router_engine_prefix_cache_hits",
+                               "The engine's own prefix-cache hits, in tokens (vllm:prefix_cache_hits).",
+                               labels=labels)
+    queries = CounterMetricFamily("llmgw_router_engine_prefix_cache_queries",
+                                  "The engine's own prefix-cache queries, in tokens "
+                                  "(vllm:prefix_cache_queries).", labels=labels)
+    for name, pool in sorted(pools.items()):
+        if name in adapters:
+            continue
+        for r in pool.replicas:
+            if r.prefix_cache is not None:
+                hits.add_metric([name, r.replica_id], r.prefix_cache[0])
+                queries.add_metric([name, r.replica_id], r.prefix_cache[1])
+    yield hits
+    yield queries

@@ -55,6 +55,7 @@ class Replica:
         "fail_since",
         "last_ok",
         "auth",
+        "prefix_cache",
     )
 
     def __init__(self, replica_id: str, url: str, ready: bool = True) -> None:
@@ -76,6 +77,9 @@ class Replica:
         # The header line that carries the engine's own key upstream (engine API keys), set
         # from the endpoint table (router/routing/table.py); b"": the engine has none.
         self.auth = b""
+        # The engine's own prefix-cache counters (hit tokens, queried tokens) as its
+        # /metrics last gave them (routing/loadwatch.py); None: it gives none.
+        self.prefix_cache: tuple[float, float] | None = None
         self.set_url(url)
 
     def set_url(self, url: str) -> None:

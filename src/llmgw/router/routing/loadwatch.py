@@ -4,6 +4,12 @@ vLLM: vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_
 (older: vllm:gpu_cache_usage_perc). SGLang: num_running_reqs, num_queue_reqs,
 token_usage with a `sglang:` or `sglang_` prefix. Series with several label sets are
 summed (usage: the largest). Figures that stop coming go stale in the balancer.
+
+Beside the load, vLLM's own prefix-cache counters (vllm:prefix_cache_hits_total and
+vllm:prefix_cache_queries_total, in tokens: vllm/v1/metrics/loggers.py, the counters
+"vllm:prefix_cache_hits" and "vllm:prefix_cache_queries") are kept on the replica as the
+engine gives them, for the router's /metrics: the engines' own hit rate beside the one
+kv_aware routing predicts.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ _USAGE = (
     "sglang:token_usage",
     "sglang_token_usage",
 )
-_KIND: dict[str, int] = {}
+_PREFIX_HITS = "vllm:prefix_cache_hits_total"
+_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+_KIND: dict[str, int] = {_PREFIX_HITS: 3, _PREFIX_QUERIES: 4}
 for _n in _RUNNING:
     _KIND[_n] = 0
 for _n in _WAITING:
@@ -41,12 +49,16 @@ class EngineLoad:
     running: float
     waiting: float
     kv_usage: float
+    # The engine's prefix-cache counters (tokens), None where it has none.
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
 
 
 def parse_load(text: str) -> EngineLoad | None:
     """Read the figures from Prometheus text; None when none of the names is present."""
-    vals = [0.0, 0.0, 0.0]
+    vals = [0.0, 0.0, 0.0, 0.0, 0.0]
     found = False
+    prefix = False
     for line in text.splitlines():
         if not line or line[0] == "#" or (line[0] != "v" and line[0] != "s"):
             continue
@@ -69,6 +81,10 @@ def parse_load(text: str) -> EngineLoad | None:
             continue
         if math.isnan(v) or math.isinf(v):
             continue
+        if kind >= 3:
+            prefix = True
+            vals[kind] += v
+            continue
         found = True
         if kind == 2:
             vals[2] = max(vals[2], v)
@@ -76,6 +92,8 @@ def parse_load(text: str) -> EngineLoad | None:
             vals[kind] += v
     if not found:
         return None
+    if prefix:
+        return EngineLoad(vals[0], vals[1], vals[2], vals[3], vals[4])
     return EngineLoad(vals[0], vals[1], vals[2])
 
 
@@ -106,6 +124,8 @@ async def watch_load(
             return
         failing.discard(r.replica_id)
         r.set_load(load.running, load.waiting, load.kv_usage, trio.current_time())
+        if load.prefix_hits is not None and load.prefix_queries is not None:
+            r.prefix_cache = (load.prefix_hits, load.prefix_queries)
 
     while True:
         deadline = trio.current_time() + interval
