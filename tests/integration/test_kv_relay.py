@@ -6,8 +6,10 @@ handshake (ZAP), and one taken out after it connected is answered no more."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
+import socket
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from fakes.engines import free_port
 from llmgw.agent.kvevents.relay import Relay
-from llmgw.agent.kvevents.relay_serve import RelayService, serve_kv_relay
+from llmgw.agent.kvevents.relay_serve import RelayService, keep_kv_relay, serve_kv_relay
 from llmgw.kvcache.events import Batch, Stored
 from llmgw.kvcache.relay_wire import Follow, Life, Message, RelayBatch, decode, encode
 from llmgw.transport.keys import KeyPair
@@ -155,4 +157,36 @@ async def test_a_router_gone_is_forgotten_at_the_next_send_and_bad_frames_cost_n
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     finally:
+        ctx.destroy(linger=0)
+
+
+async def test_a_relay_port_taken_costs_the_events_until_it_is_free_never_the_agent(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ctx: zmq.Context[Any] = zmq.Context()
+    agent, router = pair(), pair()
+    service = RelayService(Relay(random.Random(5)))
+    service.new_life(R)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    try:
+        async with trio.open_nursery() as nursery:
+            with caplog.at_level(logging.ERROR, "llmgw.agent.kvevents.relay_serve"):
+                await nursery.start(functools.partial(keep_kv_relay, retry=0.05), ctx, service,
+                                    f"tcp://127.0.0.1:{port}", agent, Routers(router.public_key))
+                with trio.fail_after(10):
+                    while "cannot listen on" not in caplog.text:
+                        await trio.sleep(0.01)
+            assert service.sock is None
+            blocker.close()
+            with trio.fail_after(10):
+                while service.sock is None:
+                    await trio.sleep(0.01)
+            with dealer(ctx, b"router-a", router, agent, f"tcp://127.0.0.1:{port}") as a:
+                await a.send_multipart(encode(Follow({R: None})))
+                assert isinstance(await recv(a), Life)
+            nursery.cancel_scope.cancel()
+    finally:
+        blocker.close()
         ctx.destroy(linger=0)

@@ -130,6 +130,7 @@ async def serve_kv_relay(
 ) -> None:
     """Answer routers' Follows on `bind` until cancelled. Started: bound; the endpoint.
     Raises zmq.ZMQError when `bind` cannot be bound."""
+    refused: zmq.ZMQError | None = None
     async with trio.open_nursery() as nursery:
         await nursery.start(serve_zap, ctx, functools.partial(_lookup, routers))
         sock = ctx.socket(zmq.ROUTER)
@@ -153,21 +154,24 @@ async def serve_kv_relay(
             sock.setsockopt(zmq.IPV6, 1)
         try:
             sock.bind(bind)
-        except zmq.ZMQError:
+        except zmq.ZMQError as exc:
             sock.close()
-            raise
-        bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        with TrioSocket(sock) as live:
-            service.sock = live
-            try:
-                nursery.start_soon(_forget, service)
-                log.info("KV relay listening on %s (CURVE, authorized routers)", bound)
-                task_status.started(bound)
-                await _answer(live, service, routers)
-            finally:
-                service.sock = None
-                nursery.cancel_scope.cancel()
-
+            refused = exc  # raised below, itself, not inside the nursery's group
+            nursery.cancel_scope.cancel()
+        else:
+            bound = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            with TrioSocket(sock) as live:
+                service.sock = live
+                try:
+                    nursery.start_soon(_forget, service)
+                    log.info("KV relay listening on %s (CURVE, authorized routers)", bound)
+                    task_status.started(bound)
+                    await _answer(live, service, routers)
+                finally:
+                    service.sock = None
+                    nursery.cancel_scope.cancel()
+    if refused is not None:
+        raise refused
 
 
 async def _answer(live: TrioSocket, service: RelayService, routers: Routers) -> None:
@@ -204,3 +208,33 @@ async def _forget(service: RelayService) -> None:
         await trio.sleep(FOLLOW_EVERY)
         for ident in service.relay.forget(service.clock()):
             log.debug("KV relay: forgot a silent router connection %s", clip(ident, 64))
+
+
+# Seconds between tries to bind a relay port that was taken.
+RETRY_BIND = 30.0
+
+
+async def keep_kv_relay(
+    ctx: zmq.Context[Any],
+    service: RelayService,
+    bind: str,
+    pair: KeyPair,
+    routers: Routers,
+    *,
+    retry: float = RETRY_BIND,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """serve_kv_relay for as long as the agent runs, started at once: a port that cannot be
+    bound (or a relay that fails) costs the routers this node's KV events, with an error
+    line and another try every `retry` seconds; never the agent, whose engines serve on."""
+    task_status.started()
+    while True:
+        try:
+            await serve_kv_relay(ctx, service, bind, pair, routers)
+        except zmq.ZMQError as exc:
+            log.error("KV relay: cannot listen on %s: %s; routers get no KV events from this "
+                      "node until it can (tried again every %gs; kv_relay_port: 0 turns the "
+                      "relay off)", bind, exc, retry)
+        except Exception:
+            log.exception("KV relay failed; started again in %gs", retry)
+        await trio.sleep(retry)
