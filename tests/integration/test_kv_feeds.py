@@ -29,6 +29,7 @@ from llmgw.agent.kvevents.relay_serve import RelayService
 from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.model.deployment import KV_EVENTS_PUB
 from llmgw.model.engine import EngineKind, EngineSpec, EngineState
+from llmgw.transport.zap import serve_zap
 
 # Connects to the events port once, says whether anything listened, then lives on.
 PROBE = """
@@ -91,6 +92,9 @@ async def test_receivers_live_as_long_as_their_engines_and_each_start_is_a_new_l
     pids: list[int] = []
     try:
         async with trio.open_nursery() as outer:  # the engine's publisher: it outlives agents
+            # The relay's ZAP handler shares the agent's context; it refuses every key, and
+            # the receivers' loopback sockets (no CURVE, no ZAP domain) never ask it.
+            await outer.start(serve_zap, ctx, lambda key: None)
             async with trio.open_nursery() as nursery:
                 await nursery.start(sup.serve)
                 await sup.apply((kv_spec(rid, 1, pub_port),))
@@ -149,6 +153,7 @@ async def test_receivers_live_as_long_as_their_engines_and_each_start_is_a_new_l
                 nursery.cancel_scope.cancel()
             await publisher.close()
             publisher = None
+            outer.cancel_scope.cancel()
     finally:
         if publisher is not None:
             await publisher.close()
