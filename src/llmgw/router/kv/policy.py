@@ -116,7 +116,7 @@ class KvRouting:
         # public key) -> the replicas whose events that agent relays.
         self.replica_model: dict[str, str] = {}
         self.agents: dict[tuple[str, str], frozenset[str]] = {}
-        self.changed = trio.Event()  # set when `agents` changed: the links follow it
+        self.changed = trio.Event()  # set on each new table: the links follow `agents`
         self._log = Throttle(burst=5, period=60.0, clock=time.monotonic)
         self.on = bool(self.models or self.unavailable)  # any kv_aware model at all
 
@@ -139,11 +139,11 @@ class KvRouting:
             if replica_model.get(replica) != name:
                 self.models[name].index.clear(replica)  # left the table (or the model)
         self.replica_model = replica_model
-        frozen = {a: frozenset(rs) for a, rs in agents.items()}
-        if frozen != self.agents:
-            self.agents = frozen
-            self.changed.set()
-            self.changed = trio.Event()
+        # Every new table, even with the same relays: a replica an agent said Gone for is
+        # asked for again once the table has changed (its engine may be back).
+        self.agents = {a: frozenset(rs) for a, rs in agents.items()}
+        self.changed.set()
+        self.changed = trio.Event()
 
     def model_of(self, replica: str) -> KvModel | None:
         name = self.replica_model.get(replica)
