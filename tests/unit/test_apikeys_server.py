@@ -124,3 +124,19 @@ def test_a_budget_book_starts_from_the_stored_usage(tmp_path: Path) -> None:
     # Rates do not read the store: answered at once.
     run(again.op_update, ADMIN, ApiKeyUpdateOp("b", rpm=5), NOW)
     assert again.limits.op_lease(ROUTER, LeaseOp("b", LimitKind.RPM, 2), NOW)["units"] == 2
+
+
+def test_a_keys_priority_class_is_kept_listed_and_sent_to_routers(tmp_path: Path) -> None:
+    keys = ApiKeys(Store(str(tmp_path / "s.db")))
+    out = run(keys.op_create, ADMIN, create("a", priority_class="batch"), NOW)
+    assert out["priority_class"] == "batch"
+    run(keys.op_create, ADMIN, create("b"), NOW)
+    rows = {e["name"]: e for e in keys.op_key_table(ROUTER, KeyTableOp(), NOW)["keys"]}
+    assert rows["a"]["priority_class"] == "batch"
+    assert "priority_class" not in rows["b"]  # only when set: a router from before reads the rest
+    upd = run(keys.op_update, ADMIN, ApiKeyUpdateOp("a", priority_class=""), NOW)
+    assert upd["priority_class"] == "default"
+    assert ApiKeys(Store(str(tmp_path / "s.db"))).op_list(ADMIN, ApiKeyListOp(), NOW)[0][
+        "priority_class"] == "default"
+    with pytest.raises(ValueError, match="priority_class"):
+        create("c", priority_class="Batch")

@@ -94,3 +94,23 @@ def test_on_server_loss() -> None:
     assert o == ApiKeyUpdateOp("a", on_server_loss="")
     _, o = op("update", "a", "--rpm", "3")
     assert o.on_server_loss is None  # not given: unchanged
+
+
+def test_priority_class(tmp_path: Path) -> None:
+    _, o = op("create", "a", "--class", "batch")
+    assert o.priority_class == "batch"
+    assert op("create", "a")[1].priority_class == ""  # the routers' default_class
+    _, o = op("update", "a", "--class", "default")
+    assert o == ApiKeyUpdateOp("a", priority_class="")
+    assert op("update", "a", "--rpm", "3")[1].priority_class is None  # not given: unchanged
+    with pytest.raises(UsageError, match="--class"):
+        op("create", "a", "--class", "Urgent!")
+    f = tmp_path / "keys.toml"
+    f.write_text(f'[[key]]\nname = "a"\nsha256 = "{hash_secret("y")}"\nclass = "batch"\n')
+    assert op("import", str(f))[1] == ApiKeyImportOp((ApiKeyCreateOp("a", hash_secret("y"),
+                                                                      priority_class="batch"),))
+    text = apikey.render(op("describe", "a")[0], {
+        "name": "a", "prefix": "p", "state": "active", "models": [], "rpm": 0, "tpm": 0,
+        "concurrency": 0, "budget": None, "expires": 0.0, "created": NOW, "revoked": 0.0,
+        "priority_class": "batch"})
+    assert "class:        batch" in text

@@ -105,3 +105,13 @@ def test_key_table_interval_in_router_toml(tmp_path: Any) -> None:
                  '[keys]\nsecret_key = "/no/r.key_secret"\nserver_key = "/no/server.key"\n')
     with pytest.raises(ConfigError, match="key_table_interval.*at least 100ms"):
         load_router_config(str(f))
+
+
+def test_a_keys_priority_class_comes_with_the_table() -> None:
+    t = KeyTable()
+    t.apply({"version": "v1", "keys": [entry("a", "sa", priority_class="batch"), entry("b", "sb")]})
+    a, b = t.check(bearer("sa"), 0.0)[0], t.check(bearer("sb"), 0.0)[0]
+    assert a is not None and a.priority_class == "batch"
+    assert b is not None and b.priority_class == ""  # a server from before sends none
+    with pytest.raises(ProtocolError):
+        t.apply({"version": "v2", "keys": [entry("a", "sa", priority_class="NOT A CLASS")]})

@@ -58,3 +58,11 @@ def test_parse_errors_name_the_entry() -> None:
     with pytest.raises(ConfigError, match="models"):
         parse_keys(f'[[key]]\nname = "a"\nsha256 = "{hash_key("x")}"\nmodels = "m"\n', "k.toml")
     assert parse_keys("", "k.toml") == {}
+
+
+def test_a_keys_class_in_the_file() -> None:
+    keys = parse_keys(entry("a", "sk-a") + 'class = "batch"\n' + entry("b", "sk-b"), "k.toml")
+    assert {k.name: k.priority_class for k in keys.values()} == {"a": "batch", "b": ""}
+    for bad in ('class = "Batch"\n', "class = 3\n"):
+        with pytest.raises(ConfigError, match=r"key\[0\]\.class"):
+            parse_keys(entry("a", "sk-a") + bad, "k.toml")

@@ -18,7 +18,7 @@ from typing import Any
 from llmgw.config.duration import parse_duration
 from llmgw.ctl.render import table
 from llmgw.errors import ConfigError, UsageError
-from llmgw.model.apikey import SECRET_BYTES, SHOWN, Budget, check_name, hash_secret, make_secret
+from llmgw.model.apikey import SECRET_BYTES, SHOWN, Budget, check_class, check_name, hash_secret, make_secret
 from llmgw.router.tenants.auth import parse_keys
 from llmgw.transport.apikey_ops import (
     ApiKeyCreateOp,
@@ -57,6 +57,9 @@ def add_arguments(cmd: Callable[[str, str], argparse.ArgumentParser],
         v.add_argument("--on-server-loss", choices=("allow", "deny", "default"),
                        help="once a router's leases are spent and the server does not answer: "
                             "admit, refuse, or the default (budgets refuse, rate limits admit)")
+        v.add_argument("--class", dest="priority_class", metavar="CLASS",
+                       help="its priority class, one of the routers' classes (default: the "
+                            "routers' default_class); a request may lower it, never raise it")
         v.add_argument("--expires", metavar="DATE",
                        help="when it stops working: 2027-01-31 (00:00 UTC) or an ISO time "
                             "(never: it does not)")
@@ -149,17 +152,22 @@ def op_of(args: argparse.Namespace, now: float | None = None) -> Any:
             raise UsageError(f"--{flag}: expected 0 (no limit) or more, got {value}")
     loss = None if args.on_server_loss is None else \
         "" if args.on_server_loss == "default" else args.on_server_loss
+    klass = None if args.priority_class is None else \
+        "" if args.priority_class == "default" else args.priority_class
+    if klass and check_class(klass):
+        raise UsageError(f"--class: {check_class(klass)}")
     if v == "create":
         secret = make_secret(secrets.token_bytes(SECRET_BYTES))
         args.secret = secret
         return ApiKeyCreateOp(args.name, hash_secret(secret), secret[:SHOWN],
                               models=_models(args.models) or (), rpm=args.rpm or 0,
                               tpm=args.tpm or 0, concurrency=args.concurrency or 0,
-                              budget=budget, expires=expires or 0.0, on_server_loss=loss or "")
+                              budget=budget, expires=expires or 0.0, on_server_loss=loss or "",
+                              priority_class=klass or "")
     return ApiKeyUpdateOp(args.name, models=_models(args.models), rpm=args.rpm, tpm=args.tpm,
                           concurrency=args.concurrency, budget=budget,
                           clear_budget=bool(args.budget) and args.budget.lower() == "none",
-                          expires=expires, on_server_loss=loss)
+                          expires=expires, on_server_loss=loss, priority_class=klass)
 
 
 def import_file(path: str) -> tuple[ApiKeyCreateOp, ...]:
@@ -178,7 +186,8 @@ def import_file(path: str) -> tuple[ApiKeyCreateOp, ...]:
         if why:
             raise UsageError(f"ctl apikey import: {path}: key {k.name!r}: {why}")
         out.append(ApiKeyCreateOp(k.name, digest.lower(),
-                                  models=tuple(sorted(k.models)) if k.models is not None else ()))
+                                  models=tuple(sorted(k.models)) if k.models is not None else (),
+                                  priority_class=k.priority_class))
     return tuple(out)
 
 
@@ -225,6 +234,7 @@ def render(args: argparse.Namespace, result: Any) -> str:
              f"expires:      {_when(k['expires'])}",
              f"on loss:      {k.get('on_server_loss', 'default')} (the server unreachable, "
              "leases spent)",
+             f"class:        {k.get('priority_class', 'default')}",
              f"created:      {_when(k['created'])}"]
     if k["revoked"]:
         lines.append(f"revoked:      {_when(k['revoked'])}")

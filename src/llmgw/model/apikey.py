@@ -22,6 +22,9 @@ SECRET_BYTES = 32
 SHOWN = 12  # characters of the secret kept as its prefix
 _SECRET = re.compile(r"^llmgw-[A-Za-z0-9_-]{43}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
+# A priority class's name (router.toml's `classes`, a key's class, the x-llmgw-class
+# header): short, lowercase, fit for a metrics label.
+_CLASS = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 def make_secret(random: bytes) -> str:
@@ -45,6 +48,14 @@ def check_name(name: str) -> str | None:
     if not _NAME.match(name):
         return ("expected a name of letters, digits, '.', '_', '@' or '-' (at most 100), "
                 f"got {name!r}")
+    return None
+
+
+def check_class(name: str) -> str | None:
+    """None when `name` may name a priority class, else why not."""
+    if not _CLASS.match(name):
+        return ("expected a lowercase letter, then up to 31 lowercase letters, digits, '_' "
+                f"or '-', got {name[:40]!r}")
     return None
 
 
@@ -75,6 +86,9 @@ class ApiKeyRecord:
     # What a router does once the leases it holds are spent and the server does not
     # answer: "" (the default: budgets refuse, rate limits admit), "allow" or "deny" (all).
     on_server_loss: str = ""
+    # Its priority class, one of the routers' `classes` ("": the routers' default_class);
+    # a request may lower it (x-llmgw-class), never raise it.
+    priority_class: str = ""
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models

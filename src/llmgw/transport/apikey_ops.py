@@ -13,7 +13,7 @@ import re
 
 from attrs import field, frozen
 
-from llmgw.model.apikey import Budget, check_name
+from llmgw.model.apikey import Budget, check_class, check_name
 from llmgw.model.usage import UsageRow
 
 MAX_LIMIT = 10**12  # rpm, tpm, concurrency, budget tokens: anything larger is a typo
@@ -74,6 +74,13 @@ def _loss(_: object, __: object, value: str | None) -> None:
         raise ValueError(f"on_server_loss: expected allow, deny or \"\" (the default), got {value[:40]!r}")
 
 
+def _class(_: object, __: object, value: str | None) -> None:
+    if value:
+        why = check_class(value)
+        if why:
+            raise ValueError(f"priority_class: {why}")
+
+
 def _prefix(_: object, __: object, value: str) -> None:
     if len(value) > 16 or not re.match(r"^[A-Za-z0-9_-]*$", value):
         raise ValueError(f"prefix: expected at most 16 URL-safe characters, got {value[:40]!r}")
@@ -93,6 +100,7 @@ class ApiKeyCreateOp:
     budget: Budget | None = field(default=None, validator=_budget)
     expires: float = field(default=0.0, validator=_when)
     on_server_loss: str = field(default="", validator=_loss)
+    priority_class: str = field(default="", validator=_class)
 
 
 @frozen
@@ -108,6 +116,7 @@ class ApiKeyUpdateOp:
     clear_budget: bool = False
     expires: float | None = field(default=None, validator=_when)  # 0: never
     on_server_loss: str | None = field(default=None, validator=_loss)
+    priority_class: str | None = field(default=None, validator=_class)  # "": the default
 
 
 @frozen
@@ -280,6 +289,7 @@ class KeyEntry:
     expires: float = field(default=0.0, validator=_when)
     revoked: float = field(default=0.0, validator=_when)
     on_server_loss: str = field(default="", validator=_loss)
+    priority_class: str = field(default="", validator=_class)
 
 
 @frozen

@@ -4,6 +4,7 @@
     name = "team-a"
     sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     models = ["llama-3-8b"]        # optional; absent or ["*"]: every model
+    class = "batch"                # optional: its priority class (router.toml's classes)
 
 Clients send `Authorization: Bearer <key>`. The file is read again when its mtime or size
 changes (checked at most once per `check_every` seconds; time is passed in). A file that
@@ -20,6 +21,7 @@ import tomllib
 import attrs
 
 from llmgw.errors import ConfigError
+from llmgw.model.apikey import check_class
 
 log = logging.getLogger("llmgw.router.tenants.auth")
 
@@ -28,6 +30,7 @@ log = logging.getLogger("llmgw.router.tenants.auth")
 class ApiKey:
     name: str
     models: frozenset[str] | None  # None: every model
+    priority_class: str = ""  # "": the router's default_class
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -51,7 +54,7 @@ def parse_keys(text: str, path: str) -> dict[str, ApiKey]:
         where = f"key[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(path, where, "must be a table")
-        unknown = set(entry) - {"name", "sha256", "models"}
+        unknown = set(entry) - {"name", "sha256", "models", "class"}
         if unknown:
             raise ConfigError(path, f"{where}.{sorted(unknown)[0]}", "unknown key")
         name = entry.get("name")
@@ -72,7 +75,13 @@ def parse_keys(text: str, path: str) -> dict[str, ApiKey]:
             allowed = None if "*" in models else frozenset(models)
         else:
             raise ConfigError(path, f"{where}.models", "must be a list of served model names")
-        out[digest.lower()] = ApiKey(name, allowed)
+        klass = entry.get("class", "")
+        if not isinstance(klass, str):
+            raise ConfigError(path, f"{where}.class", "must be a priority class's name")
+        why = check_class(klass) if klass else None
+        if why:
+            raise ConfigError(path, f"{where}.class", why)
+        out[digest.lower()] = ApiKey(name, allowed, klass)
     return out
 
 

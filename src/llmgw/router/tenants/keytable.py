@@ -51,7 +51,8 @@ class KeyTable:
             keys[e.sha256] = ApiKeyRecord(e.name, e.sha256, "", models=e.models, rpm=e.rpm,
                                           tpm=e.tpm, concurrency=e.concurrency, budget=e.budget,
                                           expires=e.expires, revoked=e.revoked,
-                                          on_server_loss=e.on_server_loss)
+                                          on_server_loss=e.on_server_loss,
+                                          priority_class=e.priority_class)
         self.keys = keys
         self.in_use = bool(keys)
         self._cache = {}

@@ -51,6 +51,8 @@ def table_entry(k: ApiKeyRecord) -> dict[str, Any]:
                          "expires": k.expires, "revoked": k.revoked}
     if k.on_server_loss:  # only when set: a router from before reads the rest
         e["on_server_loss"] = k.on_server_loss
+    if k.priority_class:  # likewise
+        e["priority_class"] = k.priority_class
     return e
 
 
@@ -60,7 +62,8 @@ def listing(k: ApiKeyRecord, now: float) -> dict[str, Any]:
             "rpm": k.rpm, "tpm": k.tpm, "concurrency": k.concurrency,
             "budget": k.budget.plain() if k.budget else None, "expires": k.expires,
             "created": k.created, "revoked": k.revoked,
-            "on_server_loss": k.on_server_loss or "default"}
+            "on_server_loss": k.on_server_loss or "default",
+            "priority_class": k.priority_class or "default"}
 
 
 def table_version(entries: list[dict[str, Any]]) -> str:
@@ -133,7 +136,8 @@ class ApiKeys:
         return ApiKeyRecord(op.name, op.sha256, op.prefix, created=now, models=op.models,
                             rpm=op.rpm, tpm=op.tpm, concurrency=op.concurrency,
                             budget=op.budget, expires=op.expires,
-                            on_server_loss=op.on_server_loss)
+                            on_server_loss=op.on_server_loss,
+                            priority_class=op.priority_class)
 
     async def op_create(self, peer: Peer, op: ApiKeyCreateOp, now: float) -> Any:
         k = self._check_new(op, now, set())
@@ -163,7 +167,7 @@ class ApiKeys:
             raise RequestError(f"API key {op.name!r}: --expires is in the past")
         changes: dict[str, Any] = {f: getattr(op, f) for f in
                                    ("models", "rpm", "tpm", "concurrency", "expires",
-                                    "on_server_loss")
+                                    "on_server_loss", "priority_class")
                                    if getattr(op, f) is not None}
         if op.budget is not None:
             changes["budget"] = op.budget
