@@ -98,6 +98,8 @@ PURE = (
     "llmgw.router.**.resume",
     "llmgw.router.kv",
     "llmgw.router.kv.follow",
+    "llmgw.router.**.classes",
+    "llmgw.router.**.priority",
 )
 
 # The trio shells inside a pure folder, left out of PURE's patterns.

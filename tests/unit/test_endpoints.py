@@ -59,3 +59,14 @@ def test_a_name_that_serves_nothing_waits_with_its_reason_and_a_cold_one_is_held
     assert table({"d": D}, ready, {}, {"n": Side(NodeState.READY)}) == {
         "models": {"org/m": [{"replica_id": "d-0", "url": "http://10.0.0.1:8000", "ready": True}]},
         "waiting": {}}
+
+
+def test_a_replica_whose_engine_schedules_by_priority_is_marked() -> None:
+    prio = evolve(D, name="p", model="org/p", served_name="org/p", engine=EngineKind.VLLM,
+                  args=("--scheduling-policy", "priority"))
+    fcfs = evolve(D, name="f", model="org/f", served_name="org/f", engine=EngineKind.VLLM)
+    rs = {r.id: r for r in (replica(0, "n", ReplicaState.READY, prio),
+                            replica(0, "n", ReplicaState.READY, fcfs))}
+    got = endpoint_table(rs, {"n": Side(NodeState.READY)})
+    assert got["org/p"][0]["priority"] is True
+    assert "priority" not in got["org/f"][0]  # only where true: a router from before reads the rest

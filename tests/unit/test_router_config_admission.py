@@ -52,3 +52,38 @@ def test_set(tmp_path: Path) -> None:
 def test_refused(tmp_path: Path, old: str, new: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         load_router_config(write(tmp_path, (old, new)))
+
+
+CLASSES = '\n[[classes]]\nname = "interactive"\nttl = "10s"\n[[classes]]\nname = "batch"\nttl = "1m"\n'
+
+
+def test_no_classes_by_default_and_classes_in_order(tmp_path: Path) -> None:
+    assert load_router_config(write(tmp_path)).classes == ()
+    (tmp_path / "c").mkdir()
+    cfg = load_router_config(write(tmp_path / "c", ('cold_start_budget = "120s"\n',
+                                                    'cold_start_budget = "120s"\n' + CLASSES),
+                                   ('default_class = ""', 'default_class = "batch"')))
+    assert [(c.name, c.ttl) for c in cfg.classes] == [("interactive", 10.0), ("batch", 60.0)]
+    assert cfg.default_class == "batch"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('name = "batch"', 'name = "Batch"', r"classes\[1\]\.name"),
+        ('name = "batch"', 'name = "interactive"', r"classes\[1\]\.name.*listed twice"),
+        ('ttl = "1m"', 'ttl = "0s"', r"classes\[1\]\.ttl"),
+        ('ttl = "1m"', 'ttl = "1m"\npriority = 3', r"classes.*priority"),
+        ('ttl = "10s"\n', "", r"classes.*ttl"),
+    ],
+)
+def test_bad_classes_are_refused(tmp_path: Path, old: str, new: str, key: str) -> None:
+    text = CLASSES.replace(old, new, 1)
+    with pytest.raises(ConfigError, match=key):
+        load_router_config(write(tmp_path, ('cold_start_budget = "120s"\n',
+                                            'cold_start_budget = "120s"\n' + text)))
+
+
+def test_a_default_class_not_listed_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="default_class.*'urgent' is not one of the classes listed"):
+        load_router_config(write(tmp_path, ('default_class = ""', 'default_class = "urgent"')))

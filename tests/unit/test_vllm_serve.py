@@ -11,8 +11,10 @@ import yaml
 
 from llmgw.config.deployment import parse_deployment
 from llmgw.config.load_deployment import load_deployment
-from llmgw.config.vllm_serve import api_server_count, apply_refusal, runtime_lora_refusal
+from llmgw.config.vllm_serve import api_server_count, apply_refusal, runtime_lora_refusal, takes_priority
 from llmgw.errors import DeploymentError
+from llmgw.model.deployment import Deployment
+from llmgw.model.engine import EngineKind
 
 # (deployment args, the API servers vLLM 0.32 runs). Shared with the real-engine tier.
 CASES: list[tuple[list[str], int]] = [
@@ -68,3 +70,17 @@ def test_apply_refuses_the_combination_naming_the_file_and_field(tmp_path: Path)
     # ... and other engines are not vLLM's business.
     assert apply_refusal(parse_deployment({**BASE, "engine": "sglang"}, "x")) == ""
     assert apply_refusal(parse_deployment({**BASE, "args": []}, "x")) == ""
+
+
+@pytest.mark.parametrize(("engine", "args", "takes"), [
+    ("vllm", [], False),  # vLLM's default policy, fcfs: the field is ignored
+    ("vllm", ["--scheduling-policy", "priority"], True),
+    ("vllm", ["--scheduling_policy=priority"], True),  # FlexibleArgumentParser's underscores
+    ("vllm", ["--scheduling-policy", "priority", "--scheduling-policy", "fcfs"], False),  # the last wins
+    ("vllm", ["--scheduling-policy", "fcfs"], False),
+    ("sglang", ["--scheduling-policy", "priority"], False),  # not SGLang's flag
+])
+def test_takes_priority(engine: str, args: list[str], takes: bool) -> None:
+    d = Deployment(name="d", model="org/m", engine=EngineKind(engine), gpus_per_node=1, replicas=1,
+                   args=tuple(args))
+    assert takes_priority(d) is takes

@@ -20,6 +20,7 @@ from llmgw.config.router import (
     RouterConfig,
 )
 from llmgw.errors import ConfigError
+from llmgw.model.apikey import check_class
 
 # Continuations of one stream at most: each re-reads the whole prompt and what was sent.
 MAX_MIGRATIONS = 10
@@ -53,6 +54,7 @@ def _check(path: str, cfg: RouterConfig) -> None:
         raise ConfigError(path, "queue_size", f"{cfg.queue_size} must be 0 (no queue) or more")
     if cfg.queue_wait < 0:
         raise ConfigError(path, "queue_wait", f"{cfg.queue_wait:g}s must not be negative")
+    _check_classes(path, cfg)
     if cfg.failover_timeout <= 0:
         raise ConfigError(path, "failover_timeout", f"{cfg.failover_timeout:g}s must be more than 0")
     if cfg.load_report_interval < 0.1:
@@ -97,6 +99,23 @@ def _check(path: str, cfg: RouterConfig) -> None:
         secret=False,
         hint="copy server.key from the folder `llmgw keys init` made on the server",
     )
+
+
+def _check_classes(path: str, cfg: RouterConfig) -> None:
+    seen: set[str] = set()
+    for i, c in enumerate(cfg.classes):
+        why = check_class(c.name)
+        if why:
+            raise ConfigError(path, f"classes[{i}].name", why)
+        if c.name in seen:
+            raise ConfigError(path, f"classes[{i}].name", f"{c.name!r} is listed twice")
+        seen.add(c.name)
+        if c.ttl <= 0:
+            raise ConfigError(path, f"classes[{i}].ttl", f"{c.ttl:g}s must be more than 0")
+    if cfg.default_class and cfg.default_class not in seen:
+        names = ", ".join(repr(c.name) for c in cfg.classes) or "none"
+        raise ConfigError(path, "default_class",
+                          f"{cfg.default_class!r} is not one of the classes listed ({names})")
 
 
 def _check_kv(path: str, at: str, route: ModelRouteConfig) -> None:

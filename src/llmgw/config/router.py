@@ -54,6 +54,15 @@ class ModelRouteConfig:
 
 
 @frozen
+class ClassConfig:
+    """A priority class (a band of the fair queue): `name` as API keys and the
+    `x-llmgw-class` header say it, `ttl` how long its requests may wait for a slot."""
+
+    name: str
+    ttl: Duration
+
+
+@frozen
 class RouterConfig:
     # tcp://host:port, or a list of them (several servers: the one that leads answers).
     server: Addresses = field(converter=to_addresses)
@@ -82,6 +91,11 @@ class RouterConfig:
     # being refused with 503 server_overloaded and Retry-After.
     queue_size: int = 1024
     queue_wait: Duration = 10.0
+    # Priority classes, highest first, each with its own wait (queue_wait is then unused);
+    # (): one class, "default", waiting queue_wait. `default_class`: the class of a key
+    # that names none and of requests without a key; "": the first listed.
+    classes: tuple[ClassConfig, ...] = ()
+    default_class: str = ""
     metrics_interval: Duration = 0.25
     metrics_stale_after: Duration = 2.0
     table_poll_interval: Duration = 1.0

@@ -143,6 +143,17 @@ def _values(args: Sequence[str], names: Sequence[str]) -> list[str]:
     return out
 
 
+def takes_priority(d: Deployment) -> bool:
+    """Whether the deployment's engines order their waiting queue by the request's
+    `priority`: vLLM with `--scheduling-policy priority` (0.32 engine/arg_utils.py:1744-1745;
+    argparse keeps the last one given). The routers then write the field from the
+    request's class (router/routing/priority.py)."""
+    if d.engine is not EngineKind.VLLM:
+        return False
+    given = _values(d.args, ("--scheduling-policy",))
+    return bool(given) and given[-1] == "priority"
+
+
 def kv_events_refusal(d: Deployment) -> str:
     """"" unless the deployment asks for kv_events with args that undo it: its own
     --kv-events-config (argparse keeps the later one, the deployment's, and the agent

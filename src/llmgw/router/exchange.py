@@ -12,6 +12,7 @@ from llmgw.model.apikey import ApiKeyRecord
 from llmgw.router.connection.http import ClientConn
 from llmgw.router.connection.resume import Follow
 from llmgw.router.kv.policy import KvModel
+from llmgw.router.routing.priority import EngineBodies
 from llmgw.router.tenants.auth import ApiKey
 from llmgw.router.tenants.usage import UsageTap
 
@@ -32,3 +33,6 @@ class Exchange:
     follow: Follow | None = None
     # kv_aware: the model whose index routes it and the prompt's block keys (router/kv/).
     kv: tuple[KvModel, list[int]] | None = None
+    # The body per kind of engine (the `priority` field, routing/priority.py): set where it
+    # may differ from `body`; each try then sets `body` from it for its replica.
+    engine: EngineBodies | None = None

@@ -35,8 +35,12 @@ from llmgw.router.metrics import CONTENT_TYPE as METRICS_TYPE
 from llmgw.router.metrics import RouterMetrics
 from llmgw.router.routing.admission import Gate, Refused
 from llmgw.router.routing.balancer import Replica, prefix_key
+from llmgw.router.routing.classes import HEADER as CLASS_HEADER
+from llmgw.router.routing.classes import Classes
 from llmgw.router.routing.hold import HoldRefused, Holds
 from llmgw.router.routing.load_report import LoadCounter
+from llmgw.router.routing.priority import FIELD as PRIORITY
+from llmgw.router.routing.priority import EngineBodies
 from llmgw.router.routing.table import EndpointTable
 from llmgw.router.tenants.auth import ApiKey, KeyFile
 from llmgw.router.tenants.keytable import KeyTable
@@ -82,6 +86,8 @@ class Router:
         self.relay = Relay(self.upstream, config, self.metrics, self._failed)
         # Per served model: its admission queue (models of the table only: bounded).
         self.gates: dict[str, Gate] = {}
+        # Priority classes (router.toml's `classes`): the bands of every model's queue.
+        self.classes = Classes(config)
         self._per_replica = config.max_requests_per_replica
         # Autoscale (scale to zero): requests held for models at zero, arrivals per model for
         # the load report, and the event that sends a report at once (a wake).
@@ -90,6 +96,8 @@ class Router:
         self.wake = trio.Event()
         m = self.metrics
         m.queues = lambda: {name: g.queued for name, g in self.gates.items()}
+        m.bands = lambda: {(name, b.name): g.waiting(b.name) for name, g in self.gates.items()
+                           for b in self.classes.bands}
         m.loop_lag = self.lag.take_worst
         m.loop_late_total = lambda: self.lag.total
         m.forgiven = lambda: self.upstream.forgiven
@@ -293,6 +301,9 @@ class Router:
             m = body.get("model")
             if not isinstance(m, str) or not m:
                 raise errors.no_model()
+            classes = self.classes
+            band = classes.band(classes.of_key(key.name, key.priority_class) if key is not None
+                                else classes.default, req.header(CLASS_HEADER))
             pool = self.table.pools.get(m)
             if key is not None and not key.allows(m):
                 raise errors.unknown_model(m)
@@ -329,16 +340,24 @@ class Router:
                 ex.affinity = prefix_key(body, pool.prefix_chars)
                 if self.kv.on:
                     ex.kv = await self.kv.keys(m, self.table.bases.get(m), body, len(req.body), path)
+            if PRIORITY in body or self.table.priority:
+                ex.engine = EngineBodies(body, ex.body, classes.vllm_priority(band),
+                                         usage_body if ex.body is not None else None)
             gate = self.gates.get(m)
             if gate is None:
-                gate = self.gates[m] = Gate(self.config.queue_size, self.config.queue_wait)
+                gate = self.gates[m] = Gate(self.config.queue_size, bands=classes.bands,
+                                            default=classes.default.name)
+            waited = 0.0
             if not gate.try_enter(pool.n_ready * self._per_replica):
                 try:
-                    await gate.enter(pool.n_ready * self._per_replica, t0)
+                    waited = await gate.enter(pool.n_ready * self._per_replica, t0, band,
+                                              key.name if key is not None else "")
                 except Refused as exc:
                     metrics.refuse(m, exc.why)
+                    metrics.shed_one(m, exc.band, exc.why)
                     raise errors.overloaded(m, str(exc)) from None
                 pool = self.table.pools.get(m) or pool  # the table may have moved on meanwhile
+            metrics.queue_wait.observe((m, band.name), waited)
             try:
                 status = await self._forward(ex, pool)
             finally:
@@ -376,6 +395,8 @@ class Router:
             if r is None:
                 break
             tried += (r,)
+            if ex.engine is not None:  # the `priority` field as this engine should see it
+                ex.body = ex.engine.for_engine(r.replica_id in self.table.priority)
             broke: Migrate | None = None
             r.outstanding += 1
             try:

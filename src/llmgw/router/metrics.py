@@ -20,36 +20,39 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
 
 LATENCY_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 FIRST_BYTE_BUCKETS = (0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)
+QUEUE_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 MAX_SERIES = 10_000  # bounded: garbage model names go to "other"
 
 
 class _Hist:
     """One histogram's series by model: non-cumulative bucket counts and the sum."""
 
-    __slots__ = ("bounds", "series")
+    __slots__ = ("bounds", "series", "labels")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(self, bounds: tuple[float, ...], labels: tuple[str, ...] = ("model",)) -> None:
         self.bounds = bounds
-        self.series: dict[str, list[float]] = {}  # model → [count per bucket..., +Inf, sum]
+        self.labels = labels
+        # model (or a tuple, one value per label) → [count per bucket..., +Inf, sum]
+        self.series: dict[str | tuple[str, ...], list[float]] = {}
 
-    def observe(self, model: str, v: float) -> None:
+    def observe(self, model: str | tuple[str, ...], v: float) -> None:
         s = self.series.get(model)
         if s is None:
             if len(self.series) >= MAX_SERIES:
-                model = "other"
+                model = "other" if isinstance(model, str) else ("other",) * len(model)
             s = self.series.setdefault(model, [0.0] * (len(self.bounds) + 2))
         s[bisect_left(self.bounds, v)] += 1
         s[-1] += v
 
     def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(name, doc, labels=["model"])
-        for model, s in sorted(self.series.items()):
+        fam = HistogramMetricFamily(name, doc, labels=list(self.labels))
+        for model, s in sorted(self.series.items(), key=lambda kv: str(kv[0])):
             acc = 0.0
             buckets = []
             for le, n in zip((*map(str, self.bounds), "+Inf"), s[:-1], strict=True):
                 acc += n
                 buckets.append((le, acc))
-            fam.add_metric([model], buckets, s[-1])
+            fam.add_metric([model] if isinstance(model, str) else list(model), buckets, s[-1])
         return fam
 
 
@@ -94,6 +97,24 @@ class _Collector:
         for (model, why), n in sorted(m.refused.items()):
             refused.add_metric([model, why], n)
         yield refused
+        waiting = GaugeMetricFamily("llmgw_router_queue_waiting",
+                                    "Requests waiting for an engine slot, by model and priority class.",
+                                    labels=["model", "class"])
+        for (model, band), n in sorted(m.bands().items()):
+            waiting.add_metric([model, band], n)
+        yield waiting
+        yield m.queue_wait.family(
+            "llmgw_router_queue_wait_seconds",
+            "Time from joining a model's queue to an engine slot, by priority class (0 for a "
+            "request that found a slot free); requests shed are not in it.")
+        shed = CounterMetricFamily(
+            "llmgw_router_queue_shed",
+            "Requests refused by a model's queue with 503 server_overloaded, by priority class and "
+            "why (queue_full, queue_timeout, displaced: by a request of a higher class).",
+            labels=["model", "class", "why"])
+        for (model, band, why), n in sorted(m.shed.items()):
+            shed.add_metric([model, band, why], n)
+        yield shed
         yield GaugeMetricFamily(
             "llmgw_router_loop_lag_seconds",
             "The router loop's worst lateness (a timer's wake-up past its due time) since the last scrape.",
@@ -124,8 +145,13 @@ class RouterMetrics:
         self.latency = _Hist(LATENCY_BUCKETS)
         self.first_byte_hist = _Hist(FIRST_BYTE_BUCKETS)
         self.refused: dict[tuple[str, str], int] = {}
+        # The fair queue, by model and priority class (both bounded: the table's models,
+        # the configured classes).
+        self.queue_wait = _Hist(QUEUE_BUCKETS, ("model", "class"))
+        self.shed: dict[tuple[str, str, str], int] = {}
         # Set by the router: figures read when /metrics is rendered.
         self.queues: Callable[[], dict[str, int]] = dict
+        self.bands: Callable[[], dict[tuple[str, str], int]] = dict
         self.loop_lag: Callable[[], float] = float
         self.loop_late_total: Callable[[], float] = float
         self.forgiven: Callable[[], int] = int
@@ -169,6 +195,10 @@ class RouterMetrics:
     def refuse(self, model: str, why: str) -> None:
         key = (model, why)
         self.refused[key] = self.refused.get(key, 0) + 1  # models are the table's: bounded
+
+    def shed_one(self, model: str, band: str, why: str) -> None:
+        key = (model, band, why)
+        self.shed[key] = self.shed.get(key, 0) + 1
 
     def first_byte(self, model: str, seconds: float) -> None:
         self.first_byte_hist.observe(model, seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from llmgw.config.vllm_serve import takes_priority
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
 from llmgw.model.node import NodeState
@@ -139,5 +140,9 @@ def _rows(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide]
         rep = head.engines.get(r.id)
         if rep is not None and rep.api_key:
             row["key"] = rep.api_key
+        # Its engine schedules by the request's `priority` (the router writes it from the
+        # request's class); only where true, so a router from before reads the rest.
+        if takes_priority(r.spec):
+            row["priority"] = True
         table.setdefault(r.spec.served_name, []).append(row)
     return table

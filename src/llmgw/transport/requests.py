@@ -190,6 +190,9 @@ class Endpoint:
     # The engine's own API key, which the router sends it as `Authorization: Bearer`
     # (engine keys). Sent only where there is one, and only to routers.
     key: str = field(default="", validator=lambda _, __, v: check_engine_key(v), repr=False)
+    # Its engine schedules by the request's `priority` (vLLM --scheduling-policy
+    # priority): the router writes the field from the request's class. Sent only when true.
+    priority: bool = False
 
 
 @frozen

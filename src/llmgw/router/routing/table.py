@@ -47,6 +47,8 @@ class EndpointTable:
         self.cold: frozenset[str] = frozenset()
         # Served name -> its rows as the snapshot gave them (kv_aware reads their `kv`).
         self.rows: Mapping[str, tuple[Endpoint, ...]] = {}
+        # Replicas whose engine schedules by the body's `priority` (routing/priority.py).
+        self.priority: frozenset[str] = frozenset()
         self._rng = rng or random.Random()
 
     def apply(self, snapshot: Mapping[str, Any] | EndpointsResult) -> bool:
@@ -64,6 +66,7 @@ class EndpointTable:
         pools: dict[str, Pool] = {}
         loaded: dict[str, list[Replica]] = {}  # adapter -> replicas that have it
         bases: dict[str, str] = {}
+        priority: set[str] = set()
         for name, entries in snap.models.items():
             members: list[Replica] = []
             for e in entries:
@@ -76,6 +79,8 @@ class EndpointTable:
                         r.set_url(url)
                     r.ready = e.ready
                 r.auth = auth_line(e.key)
+                if e.priority:
+                    priority.add(e.replica_id)
                 replicas[e.replica_id] = r
                 members.append(r)
                 for adapter in e.adapters:
@@ -94,6 +99,7 @@ class EndpointTable:
         self.waiting = dict(snap.waiting)
         self.cold = frozenset(snap.cold)
         self.rows = snap.models
+        self.priority = frozenset(priority)
         self.version = snap.version
         return True
 
