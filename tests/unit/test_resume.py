@@ -13,15 +13,19 @@ from hypothesis import strategies as st
 from llmgw.http1.chunked import dechunk
 from llmgw.http1.writers import chunk
 from llmgw.router.connection.resume import KINDS, Follow, Stream, refusal
+from llmgw.router.tenants.usage import UsageTap
 
 COMP = b"/v1/completions"
 CHAT = b"/v1/chat/completions"
 
 
 def vllm_events(kind: str, rid: str, tokens: list[str], prompt_tokens: int, *,
-                continuous: bool = False, usage: bool = True, created: int = 1) -> list[bytes]:
-    """A stream as vLLM 0.32 writes it: chat starts with a role chunk; one event per token;
-    the last carries the finish_reason; the usage event when asked; [DONE]."""
+                continuous: bool = False, usage: bool = True, created: int = 1,
+                spaced: bool = False) -> list[bytes]:
+    """A stream as vLLM 0.32 writes it (pydantic's compact JSON, UTF-8 as it is; `spaced`:
+    json.dumps' default, as another server may write it): chat starts with a role chunk;
+    one event per token; the last carries the finish_reason; the usage event when asked;
+    [DONE]."""
     obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
     def ev(choices: list[dict[str, Any]], n: int | None) -> bytes:
@@ -30,7 +34,9 @@ def vllm_events(kind: str, rid: str, tokens: list[str], prompt_tokens: int, *,
         if n is not None:
             payload["usage"] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
                                 "completion_tokens": n}
-        return b"data: " + json.dumps(payload).encode() + b"\n\n"
+        dumped = json.dumps(payload) if spaced else json.dumps(payload, separators=(",", ":"),
+                                                               ensure_ascii=False)
+        return b"data: " + dumped.encode() + b"\n\n"
 
     out = []
     if kind == "chat":
@@ -256,15 +262,17 @@ def test_kinds_are_the_proxied_generation_paths() -> None:
 @given(
     kind=st.sampled_from(["completion", "chat"]),
     tokens=st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=30),
+    spaced=st.booleans(),
     data=st.data(),
 )
-def test_any_split_gives_the_whole_answer(kind: str, tokens: list[str], data: st.DataObject) -> None:
+def test_any_split_gives_the_whole_answer(kind: str, tokens: list[str], spaced: bool,
+                                          data: st.DataObject) -> None:
     k = data.draw(st.integers(0, len(tokens) - 1))
     reads = data.draw(st.integers(1, 7))
     limit = len(tokens) + data.draw(st.integers(0, 3))
     body = body_of(kind, limit)
-    first = vllm_events(kind, "first", tokens, 4, created=5)
-    second = vllm_events(kind, "second", tokens[k:], 4 + k, continuous=True, created=6)
+    first = vllm_events(kind, "first", tokens, 4, created=5, spaced=spaced)
+    second = vllm_events(kind, "second", tokens[k:], 4 + k, continuous=True, created=6, spaced=spaced)
     lead = 1 if kind == "chat" else 0
     s, nb, payload = relay(kind, body, first, lead + k, second, reads=reads)
     req = json.loads(nb)
@@ -279,3 +287,24 @@ def test_any_split_gives_the_whole_answer(kind: str, tokens: list[str], data: st
     assert {(o["id"], o["created"]) for o in objs} == {("first", 5) if lead + k else ("second", 6)}
     assert [o["usage"] for o in objs if "usage" in o] == [
         {"prompt_tokens": 4, "total_tokens": 4 + len(tokens), "completion_tokens": len(tokens)}]
+
+
+def test_metered_stream_is_charged_once_for_what_the_client_got() -> None:
+    """The usage tap after the follower (as the relay chains them): the router asked the
+    first engine for usage to meter it, the client did not; the tap reads the one summed
+    usage and takes its event out."""
+    tap = UsageTap(True, strip=True)
+    tap.chunked = True
+    s = Stream("completion", body_of("completion", 10), usage_event=True)
+    f = Follow(s)
+    first = vllm_events("completion", "a", TOKENS, 6)
+    out = tap.feed(f.feed(b"".join(chunk(e) for e in first[:4])))
+    assert s.next_body() is not None
+    f.restart()
+    out += tap.feed(f.feed(b"".join(chunk(e) for e in vllm_events("completion", "b", TOKENS[4:], 10,
+                                                                   continuous=True))))
+    tap.done()
+    assert (tap.prompt, tap.completion, tap.seen) == (6, 10, True)
+    payload = dechunk(out + b"0\r\n\r\n")
+    assert b'"usage"' not in payload
+    assert texts("completion", split_events(payload))[0] == "".join(TOKENS)

@@ -46,6 +46,7 @@ the replicas; one [DONE].
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llmgw.http1.writers import chunk
@@ -58,6 +59,13 @@ COMPLETION_MAX_TOKENS = 16
 HOLD_MAX = 1 << 20
 DONE = b"data: [DONE]"
 _COMPACT = (",", ":")
+# The usual event of a stream under way, as vLLM writes it (pydantic's compact JSON): one
+# choice, index 0, text (completion) or a content-only delta (chat), no logprobs, no
+# finish, nothing after the choices (no usage). Read without parsing the whole event (a
+# few µs less per event on every resumable stream); anything else is parsed as JSON.
+_CHOICES = b'"choices":['
+_USUAL = re.compile(rb'\{"index":0,"(?:text|delta":\{"content)":"((?:[^"\\]|\\.)*)"\}?,'
+                    rb'"logprobs":null,"finish_reason":null(?:,"stop_reason":null)?\}\]\}\s*$')
 
 
 def refusal(path: bytes, body: dict[str, Any]) -> str | None:
@@ -171,6 +179,16 @@ class Stream:
 
     def observe(self, ev: bytes) -> None:
         """One event of the first replica's answer, as the client gets it."""
+        if self.id is not None:
+            at = ev.find(_CHOICES)
+            m = _USUAL.match(ev, at + len(_CHOICES)) if at > 0 else None
+            if m is not None:
+                raw = m.group(1)
+                text = json.loads(b'"%s"' % raw) if b"\\" in raw else raw.decode("utf-8", "replace")
+                if text:
+                    self.text.append(text)
+                self.steps += 1
+                return
         obj = self._parse(ev)
         if obj is not None:
             if self.id is None:
