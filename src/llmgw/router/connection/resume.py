@@ -12,12 +12,13 @@ What the engine reads (vLLM 0.32, vllm/entrypoints/...):
 - A completion goes on with `prompt` = the prompt + the text sent. `echo` would send the
   prompt again (openai/completion/protocol.py:59), so it is refused, as are token-id
   prompts (the text sent has no ids here) and several prompts (one stream per prompt).
-  `max_tokens` defaults to 16 there (openai/completion/protocol.py:65).
+  `max_tokens` defaults to 16 there (openai/completion/protocol.py:63).
 - A chat goes on with the messages + a final assistant message holding the text sent,
   `continue_final_message: true` and `add_generation_prompt: false`: the template leaves
   that message open and the model continues it (openai/chat_completion/protocol.py:319,
-  327; both true at once is refused, :1026). A client that prefilled the assistant turn
-  itself (`continue_final_message` already) has the text appended to that message.
+  327; both true at once is refused by check_generation_prompt, :1023-1030). A client
+  that prefilled the assistant turn itself (`continue_final_message` already) has the
+  text appended to that message. `echo` there (:312) repeats that final message: refused.
 - The continuation asks `stream_options: {include_usage: true, continuous_usage_stats:
   true}` (StreamOptions, generate/base/protocol.py:293-295; honoured only with
   include_usage, serve/utils/api_utils.py:289): each of its chunks then carries the
@@ -52,7 +53,7 @@ from typing import Any
 from llmgw.http1.writers import chunk
 
 KINDS = {b"/v1/completions": "completion", b"/v1/chat/completions": "chat"}
-# vLLM's CompletionRequest.max_tokens default (openai/completion/protocol.py:65).
+# vLLM's CompletionRequest.max_tokens default (openai/completion/protocol.py:63).
 COMPLETION_MAX_TOKENS = 16
 # A chunk larger than this is not held whole: the stream is then passed on as it comes and
 # can no longer be resumed (an engine writes one small event per chunk).
