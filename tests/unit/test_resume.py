@@ -96,6 +96,8 @@ def body_of(kind: str, limit: int, **extra: Any) -> dict[str, Any]:
     (COMP, {"prompt": "a", "stream": True, "response_format": {"type": "json_object"}}, "structured output"),
     (COMP, {"prompt": "a", "stream": True, "response_format": {"type": "text"}}, None),
     (COMP, {"prompt": "a", "stream": True, "guided_json": {}}, "structured output"),
+    (CHAT, {"messages": [{"role": "user", "content": "a"}], "stream": True, "regex": "a+"},
+     "structured output"),
     (COMP, {"prompt": [1, 2], "stream": True}, "the prompt is not one text"),
     (COMP, {"prompt": ["a", "b"], "stream": True}, "the prompt is not one text"),
     (CHAT, {"messages": [], "stream": True}, "no messages"),

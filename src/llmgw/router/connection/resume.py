@@ -24,6 +24,9 @@ What the engine reads (vLLM 0.32, vllm/entrypoints/...):
   include_usage, serve/utils/api_utils.py:289): each of its chunks then carries the
   running `completion_tokens` (openai/completion/serving.py:433), so what a continuation
   sent is counted exactly.
+SGLang 0.5.23 reads the same fields (srt/entrypoints/openai/protocol.py:1013
+continue_final_message, :232-234 StreamOptions.continuous_usage_stats; serving_chat.py:519
+opens the final assistant message).
 
 Counting what the first engine sent, which was not asked for usage per chunk: vLLM writes
 one event per engine step that has output for the request (openai/completion/serving.py,
@@ -59,6 +62,9 @@ COMPLETION_MAX_TOKENS = 16
 # can no longer be resumed (an engine writes one small event per chunk).
 HOLD_MAX = 1 << 20
 DONE = b"data: [DONE]"
+# SGLang's own structured-output fields (srt/entrypoints/openai/protocol.py:401-402 for
+# completions, :1006-1007 for chat).
+SGLANG_GRAMMARS = ("regex", "ebnf")
 _COMPACT = (",", ":")
 # The usual event of a stream under way, as vLLM writes it (pydantic's compact JSON): one
 # choice, index 0, text (completion) or a content-only delta (chat), no logprobs, no
@@ -92,7 +98,7 @@ def refusal(path: bytes, body: dict[str, Any]) -> str | None:
     if (fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text")) or \
             body.get("structured_outputs") is not None:
         return "structured output"
-    if any(k.startswith("guided_") for k in body):
+    if any(k.startswith("guided_") for k in body) or any(body.get(k) for k in SGLANG_GRAMMARS):
         return "structured output"
     if kind == "completion":
         if body.get("logprobs") is not None:
