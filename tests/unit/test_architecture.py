@@ -85,6 +85,7 @@ PURE = (
     "llmgw.agent.**.claims",
     "llmgw.agent.**.release",
     "llmgw.agent.kvevents.stream",
+    "llmgw.agent.kvevents.relay",
     "llmgw.http1",
     "llmgw.http1.*",
     "llmgw.transport.messages",
