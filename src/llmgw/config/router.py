@@ -29,7 +29,8 @@ class ModelRouteConfig:
     # byte may go on on another replica (docs/router.md); 0: never, the stream then ends
     # with an error event.
     failover_migrations: int = 1
-    # How requests for this model pick a replica: "least_outstanding" or "prefix_affinity".
+    # How requests for this model pick a replica: "least_outstanding", "prefix_affinity" or
+    # "kv_aware" (by the KV-cache blocks the engines hold).
     policy: str = "least_outstanding"
     # With prefix_affinity: how many leading characters of the prompt choose the replica
     # (kv_aware's fallback too).
