@@ -46,7 +46,7 @@ from llmgw.transport.messages import (
 
 AGENT_KINDS = ("hello", "heartbeat", "inventory_changed", "engine_changed", "logs_reply")
 SERVER_ONLY_KINDS = ("welcome", "desired_set", "heartbeat_ack", "refused", "hello_first",
-                     "rediscover", "logs_request", "reply", "not_leader", "clear_gpu")
+                     "rediscover", "logs_request", "reply", "not_leader", "clear_gpu", "router_keys")
 
 # ---- the raw peer ----
 

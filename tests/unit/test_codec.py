@@ -82,6 +82,7 @@ SAMPLES: list[messages.Message] = [
     messages.DesiredSet(4, (SPEC,)),
     messages.Rediscover(),
     messages.ClearGpu(("GPU-a",)),
+    messages.RouterKeys(("K" * 40, "L" * 40)),
     messages.LogsRequest("q", "d-0", 50),
     messages.NotLeader("tcp://10.0.0.2:7443", "r1"),
     *(messages.Request(1, "q", op) for op in OPS),

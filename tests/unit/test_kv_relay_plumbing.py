@@ -5,22 +5,31 @@ endpoint table with the node's public key, and tells agents which router keys ma
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import msgpack
 import pytest
+import trio
+from attrs import evolve
 
 from llmgw import PROTOCOL_VERSION
+from llmgw.agent.kvevents.routers import AuthorizedRouters
+from llmgw.agent.link import LinkHooks, LinkSettings, serve_link
 from llmgw.agent.run import kv_relay_endpoint, node_info
 from llmgw.config.agent import AgentConfig, KeysConfig
 from llmgw.config.server import ServerConfig
 from llmgw.model.inventory import Inventory, NodeInfo
-from llmgw.server.peers.sessions import ControlPlane
+from llmgw.server.peers.service import run_plane
+from llmgw.server.peers.sessions import ControlPlane, Outgoing
 from llmgw.server.store.sql import Store
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo
-from llmgw.transport.messages import Hello, Welcome
+from llmgw.transport.messages import DesiredSet, Hello, Message, Refused, RouterKeys, Welcome
+from llmgw.transport.zap import user_id
 
 CONFIG = ServerConfig(heartbeat_interval=5.0)
 NODE_KEY = "K" * 40
@@ -105,3 +114,125 @@ def test_the_store_keeps_the_relay_and_reads_rows_from_before_it(tmp_path: Path)
     with Store(path) as s:
         assert s.nodes()["n1"].info == info
         assert s.nodes()["n2"].info.kv_relay == ""
+
+
+# ---- router keys: server -> agent ----
+
+ROUTER_A = "a" * 40
+ROUTER_B = "b" * 40
+ADMIN = "d" * 40
+NODE2_KEY = "M" * 40
+
+
+def keys(**more: tuple[str, str]) -> dict[str, KeyInfo]:
+    base = {NODE_KEY: ("node", "n1"), NODE2_KEY: ("node", "n2"), ROUTER_A: ("router", "ra"),
+            ADMIN: ("admin", "ops")}
+    base.update(more)
+    return {k: KeyInfo(name, role, k.encode()) for k, (role, name) in base.items()}
+
+
+def node_hello(node_id: str, relay: str) -> bytes:
+    return codec.encode(Hello(PROTOCOL_VERSION, NodeInfo(node_id, "10.0.0.1", kv_relay=relay), Inventory()))
+
+
+def test_an_agent_with_a_relay_gets_the_router_keys_right_after_welcome() -> None:
+    cp = ControlPlane(config=CONFIG, authorized=keys())
+    out = cp.handle(b"r1", NODE_KEY, node_hello("n1", "tcp://10.0.0.1:7444"), 0.0)
+    assert [type(m) for _, m in out][:2] == [Welcome, RouterKeys]
+    assert out[1] == (b"r1", RouterKeys((ROUTER_A,)))
+
+
+def test_an_agent_without_a_relay_never_gets_router_keys() -> None:
+    # An agent from before the relay (or with kv_relay_port 0) would log each as a bad message.
+    cp = ControlPlane(config=CONFIG, authorized=keys())
+    out = cp.handle(b"r2", NODE2_KEY, node_hello("n2", ""), 0.0)
+    assert RouterKeys not in [type(m) for _, m in out]
+    assert cp.set_authorized(keys(**{ROUTER_B: ("router", "rb")})) == []
+
+
+def test_a_router_key_issued_or_revoked_reaches_every_relay_and_nothing_else_does() -> None:
+    cp = ControlPlane(config=CONFIG, authorized=keys())
+    cp.handle(b"r1", NODE_KEY, node_hello("n1", "tcp://10.0.0.1:7444"), 0.0)
+    cp.handle(b"r2", NODE2_KEY, node_hello("n2", ""), 0.0)
+    issued = keys(**{ROUTER_B: ("router", "rb")})
+    assert cp.set_authorized(issued) == [(b"r1", RouterKeys((ROUTER_A, ROUTER_B)))]
+    # Another node or admin key changes nothing a relay needs: nothing sent.
+    assert cp.set_authorized({**issued, **keys(**{"e" * 40: ("admin", "ops2")})}) == []
+    revoked = {k: v for k, v in cp.authorized.items() if k != ROUTER_A}
+    assert cp.set_authorized(revoked) == [(b"r1", RouterKeys((ROUTER_B,)))]
+    # The relay's own node revoked: its session is cut, no keys follow.
+    without_node = {k: v for k, v in revoked.items() if k != NODE_KEY}
+    out = cp.set_authorized({**without_node, "f" * 40: KeyInfo("rf", "router", b"f" * 40)})
+    assert [type(m) for _, m in out] == [Refused]
+
+
+def test_authorized_routers_swap_the_whole_set() -> None:
+    routers = AuthorizedRouters()
+    assert not routers.received and not routers.allows(ROUTER_A.encode())
+    assert routers.lookup(ROUTER_A.encode()) is None
+    routers.update((ROUTER_A, ROUTER_B))
+    assert routers.received and routers.allows(ROUTER_A.encode()) and routers.allows(ROUTER_B.encode())
+    info = routers.lookup(ROUTER_A.encode())
+    assert info is not None and info.role == "router" and user_id(info) == ROUTER_A
+    routers.update((ROUTER_B, "short", "x y" * 20))  # values that are no z85 key match nothing
+    assert not routers.allows(ROUTER_A.encode()) and routers.keys == frozenset({ROUTER_B.encode()})
+    routers.update(())
+    assert routers.received and not routers.allows(ROUTER_B.encode())
+
+
+class _MemNet:
+    """The server's transport and one agent's connection, in memory (trio's clock)."""
+
+    def __init__(self, uid: str) -> None:
+        self.uid = uid
+        self.to_server_send, self.to_server = trio.open_memory_channel[tuple[bytes, str, bytes]](math.inf)
+        self.to_agent_send, self.to_agent = trio.open_memory_channel[bytes](math.inf)
+        self.up = True
+
+    async def recv_batch(self) -> list[tuple[bytes, str, bytes]]:
+        return [await self.to_server.receive()]
+
+    def send_all(self, out: list[Outgoing]) -> None:
+        for _, msg in out:
+            if self.up:
+                self.to_agent_send.send_nowait(codec.encode(msg))
+
+    async def send(self, payload: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.up:
+            self.to_server_send.send_nowait((b"agent", self.uid, payload))
+
+    async def recv(self) -> bytes:
+        return await self.to_agent.receive()
+
+    @asynccontextmanager
+    async def connect(self) -> AsyncIterator[_MemNet]:
+        yield self
+
+
+async def test_the_link_keeps_the_agents_authorized_routers_as_the_server_says(
+        autojump_clock: trio.testing.MockClock) -> None:
+    net = _MemNet(NODE_KEY)
+    cp = ControlPlane(config=CONFIG, authorized=keys())
+    routers = AuthorizedRouters()
+    hello_ = Hello(PROTOCOL_VERSION, node_info(agent_config()), Inventory())
+
+    async def on_desired(_: DesiredSet) -> None:
+        return None
+
+    hooks = LinkHooks(hello=lambda: evolve(hello_, node=evolve(hello_.node, node_id="n1")),
+                      on_desired=on_desired, on_router_keys=routers.update)
+    _, outbox = trio.open_memory_channel[Message](10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_plane, cp, net)
+        nursery.start_soon(serve_link, LinkSettings(5.0, 1.0, 30.0), net.connect, hooks, outbox)
+        await trio.sleep(1)
+        assert routers.keys == frozenset({ROUTER_A.encode()})
+        net.send_all(cp.set_authorized(keys(**{ROUTER_B: ("router", "rb")})))
+        await trio.sleep(1)
+        assert routers.allows(ROUTER_B.encode())
+        # The server away: the last set stays, so routers keep following while engines serve.
+        net.up = False
+        await trio.sleep(60)
+        assert routers.keys == frozenset({ROUTER_A.encode(), ROUTER_B.encode()})
+        nursery.cancel_scope.cancel()

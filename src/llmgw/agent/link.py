@@ -1,5 +1,5 @@
 """The agent's session with the server: Hello, heartbeats, reconnects, and the messages
-the server sends (desired sets, log requests, rediscovery).
+the server sends (desired sets, log requests, rediscovery, the router keys).
 
 The transport is injected (`connect`), so the same code runs over CURVE sockets and over
 the in-memory channels the timing tests use with trio's autojump clock.
@@ -32,6 +32,7 @@ from llmgw.transport.messages import (
     NotLeader,
     Rediscover,
     Refused,
+    RouterKeys,
     Welcome,
 )
 
@@ -60,6 +61,9 @@ class LinkHooks:
     # A standby answered: the leader's address ("" while none is known). The connector
     # picks where to go next (llmgw.transport.follow.Follower).
     on_not_leader: Callable[[str], None] = lambda leader: None
+    # The router keys the server authorizes now (RouterKeys): who may follow this node's
+    # KV events on its relay (agent/kvevents/routers.py's AuthorizedRouters.update).
+    on_router_keys: Callable[[tuple[str, ...]], None] = lambda keys: None
 
 
 class _Lost(Exception):
@@ -255,6 +259,8 @@ class _Session:
             self.hooks.on_rediscover()
         elif isinstance(msg, ClearGpu):
             self.hooks.on_clear_gpu(msg.gpus)
+        elif isinstance(msg, RouterKeys):
+            self.hooks.on_router_keys(msg.keys)
         elif isinstance(msg, LogsRequest):
             lines = self.hooks.logs(msg.replica_id, msg.lines)
             await self.conn.send(codec.encode(LogsReply(msg.request_id, msg.replica_id, lines)))

@@ -27,6 +27,7 @@ from llmgw.agent.gpus.claims import mark_inventory
 from llmgw.agent.gpus.memory import GpuMemory, from_inventory
 from llmgw.agent.gpus.usage import GpuSampler
 from llmgw.agent.gpus.xid import XidProblems, serve_xid_watch
+from llmgw.agent.kvevents.routers import AuthorizedRouters
 from llmgw.agent.lifecycle.bad_copies import BadCopies
 from llmgw.agent.lifecycle.supervisor import Supervisor
 from llmgw.agent.link import Connection, LinkHooks, LinkSettings, serve_link
@@ -113,6 +114,9 @@ class Agent:
         # Copies of weights an engine died reading: shown incomplete, never used again,
         # until a scan finds them changed.
         self.bad_copies = BadCopies()
+        # The router keys the server authorizes (its RouterKeys messages): the routers the
+        # KV-event relay lets in.
+        self.routers = AuthorizedRouters()
         # An engine whose command does not resolve: look again, so the inventory says so.
         # An engine started or gone, or a GPU released: look again, so that the server sees
         # the memory and the releasing GPUs as they are now.
@@ -305,6 +309,7 @@ class Agent:
                     logs=self.supervisor.log_tail,
                     on_connected=connected,
                     on_not_leader=servers.redirected,
+                    on_router_keys=self.routers.update,
                 )
                 settings = LinkSettings(self.config.heartbeat_interval, self.config.reconnect_base,
                                         self.config.reconnect_max)

@@ -2,9 +2,9 @@
 
 The codec (codec.py) encodes them as a msgpack map with a `kind` tag. Agents speak
 Hello/Heartbeat/InventoryChanged/EngineChanged/LogsReply; the server answers with
-Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest/ClearGpu. ctl and the
-router send Request, carrying one typed op of requests.py, and get Reply (the router
-polls the "endpoints" op).
+Welcome/Refused/HelloFirst/HeartbeatAck/DesiredSet/Rediscover/LogsRequest/ClearGpu/
+RouterKeys. ctl and the router send Request, carrying one typed op of requests.py, and
+get Reply (the router polls the "endpoints" op).
 """
 
 from __future__ import annotations
@@ -100,6 +100,16 @@ class ClearGpu:
 
 
 @frozen
+class RouterKeys:
+    """The public keys (z85) of every router key the server authorizes now: the routers
+    this agent's KV-event relay may let in. The whole set each time (level-triggered), on
+    Hello and whenever it changes; sent only to agents that advertised a relay in Hello
+    (NodeInfo.kv_relay), which know this message: an agent from before never gets one."""
+
+    keys: tuple[str, ...] = ()
+
+
+@frozen
 class LogsRequest:
     request_id: str
     replica_id: str
@@ -147,6 +157,7 @@ Message = (
     | DesiredSet
     | Rediscover
     | ClearGpu
+    | RouterKeys
     | LogsRequest
     | NotLeader
     | Request

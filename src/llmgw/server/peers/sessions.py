@@ -52,6 +52,7 @@ from llmgw.transport.messages import (
     Refused,
     Reply,
     Request,
+    RouterKeys,
     Welcome,
 )
 from llmgw.transport.requests import op_name
@@ -161,6 +162,10 @@ class ControlPlane:
     refusals: Counter[str] = field(factory=Counter)
     # Inventories' equal parts, kept once for all nodes (intern.py).
     interner: Interner = field(factory=Interner)
+    # The router keys of `authorized`, and the dict they were read from: agents with a
+    # KV relay get them at each Hello, which must not walk 50,000 node keys each time.
+    _router_keys: tuple[str, ...] = field(default=(), init=False, repr=False, eq=False)
+    _router_keys_of: object = field(default=None, init=False, repr=False, eq=False)
 
     @_nodes_view.default
     def _view_of_nodes(self) -> Mapping[str, Node]:
@@ -324,7 +329,11 @@ class ControlPlane:
             if r.conflict_port:
                 node.note_conflict(r.conflict_port, now)
         welcome = Welcome(PROTOCOL_VERSION, claimed, self.config.heartbeat_interval)
-        return [(peer.routing_id, welcome), *self._changed(node, now, "hello")]
+        out: list[Outgoing] = [(peer.routing_id, welcome)]
+        if node.info.kv_relay:
+            # Before the desired set: the relay may let routers in as soon as it listens.
+            out.append((peer.routing_id, RouterKeys(self.router_keys())))
+        return [*out, *self._changed(node, now, "hello")]
 
     def _checked_relay(self, peer: Peer, msg: Hello) -> Hello:
         """The Hello with its KV relay address kept only where it is one a router can dial
@@ -410,7 +419,9 @@ class ControlPlane:
 
     def set_authorized(self, keys: dict[str, KeyInfo]) -> list[Outgoing]:
         """New set of authorized keys; live sessions of every other key are cut."""
+        before = self.router_keys()
         self.authorized = keys
+        routers = self.router_keys()
         out: list[Outgoing] = []
         for node in self._nodes.values():
             if node.connected and node.key not in keys:
@@ -418,7 +429,18 @@ class ControlPlane:
                 self.refusals["revoked"] += 1
                 log.warning("node %s: key revoked, session cut", node.node_id)
                 out.append((node.routing_id, Refused(reason="this node's key was revoked")))
+            elif routers != before and node.connected and node.info.kv_relay:
+                out.append((node.routing_id, RouterKeys(routers)))
         return out
+
+    def router_keys(self) -> tuple[str, ...]:
+        """The public keys (z85) of the router keys authorized now, sorted: what the agents'
+        KV relays may let in (RouterKeys)."""
+        if self._router_keys_of is not self.authorized:
+            self._router_keys = tuple(sorted(k for k, info in self.authorized.items()
+                                             if info.role == "router"))
+            self._router_keys_of = self.authorized
+        return self._router_keys
 
 
 
