@@ -222,3 +222,12 @@ def test_engine_bodies_per_kind_of_engine_and_a_metered_stream() -> None:
     got = json.loads(EngineBodies(stream, sent, 2, usage_body).for_engine(True) or b"")
     assert got["priority"] == 2 and got["stream_options"] == {"include_usage": True}
     assert json.loads(raw)["priority"] == -9  # the client's own body untouched
+
+
+def test_a_failover_continuation_gets_the_field_as_its_replica_should() -> None:
+    bodies = EngineBodies({"model": "m", "priority": -9}, None, 1, None)
+    cont = json.dumps({"model": "m", "prompt": "p and more", "priority": -9}).encode()
+    assert json.loads(bodies.for_continuation(cont, True))["priority"] == 1
+    assert "priority" not in json.loads(bodies.for_continuation(cont, False))
+    plain = json.dumps({"model": "m"}).encode()
+    assert EngineBodies({"model": "m"}, None, 0, None).for_continuation(plain, True) is plain

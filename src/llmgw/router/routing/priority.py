@@ -65,3 +65,10 @@ class EngineBodies:
             out = raw if self.usage is None else (self.usage(new, raw) or raw)
         made[takes_priority] = out
         return out
+
+    def for_continuation(self, raw: bytes, takes_priority: bool) -> bytes:
+        """A mid-stream failover's continuation (connection/resume.py builds it from the
+        client's body) with the field as `for_engine` gives it: it goes to a replica of its
+        own, which may schedule by priority or not."""
+        new = rewrite(json.loads(raw), self.priority if takes_priority else None)
+        return raw if new is None else json.dumps(new).encode()
