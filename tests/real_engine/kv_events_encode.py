@@ -10,6 +10,10 @@ from case name to a list of messages, each the hex of its frames `[topic, seq, p
   publisher thread uses it (vllm/distributed/kv_events.py `_publisher_thread`).
 - "arrays": the same events with vLLM's own field lists, declared `array_like` as the event
   structs were before vLLM PR 42892: the encoding older engines send.
+
+With `--decode HEX` instead: HEX is a payload (llmgw's relay writes one), decoded by vLLM's
+own `KVEventBatch` decoder as a subscriber of vLLM's publisher decodes it; printed as JSON
+(msgspec's builtins, bytes as base64).
 """
 
 from __future__ import annotations
@@ -102,6 +106,10 @@ def _arrays() -> list[list[str]]:
 
 
 def main() -> None:
+    if sys.argv[1] == "--decode":
+        batch = msgspec.msgpack.Decoder(KVEventBatch).decode(bytes.fromhex(sys.argv[2]))
+        print(json.dumps(msgspec.to_builtins(batch)))
+        return
     payload = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=1.25, events=_events()))
     print(json.dumps({
         "publisher": _publisher(sys.argv[1]),

@@ -23,6 +23,7 @@ from llmgw.kvcache.events import (
     replay_frames,
 )
 from llmgw.kvcache.index import KvIndex
+from llmgw.kvcache.relay_wire import encode_batch
 
 pytestmark = pytest.mark.real_engine
 HERE = Path(__file__).resolve().parent
@@ -82,3 +83,31 @@ def test_the_index_follows_vllms_events(encoded: dict[str, list[list[bytes]]]) -
     assert ix.match(keys, 0.0) == {"r": 1}
     ix.apply_events("r", events[2:4])
     assert ix.match(keys, 0.0) == {}
+
+
+def test_the_relay_writes_what_vllms_own_decoder_reads(vllm_venv: Path) -> None:
+    """An agent relays batches to routers in vLLM's current encoding (relay_wire.py): vLLM's
+    own KVEventBatch decoder reads one back, every field llmgw keeps as it was."""
+    import base64
+
+    payload = encode_batch(Batch(ts=1.25, seq=0, dp_rank=2, events=EVENTS))
+    r = subprocess.run([str(vllm_venv / "bin" / "python"), str(HERE / "kv_events_encode.py"),
+                        "--decode", payload.hex()], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ts, events, rank = json.loads(r.stdout.strip().splitlines()[-1])  # EventBatch is array_like
+    assert (ts, rank) == (1.25, 2)
+
+    def h(v: object) -> object:  # msgspec writes bytes as base64 in builtins
+        return base64.b64decode(v) if isinstance(v, str) else v
+
+    s, s2, rm, rm2, _ = events
+    assert [e["type"] for e in events] == [
+        "BlockStored", "BlockStored", "BlockRemoved", "BlockRemoved", "AllBlocksCleared"]
+    assert [h(x) for x in s["block_hashes"]] == [123, H32] and h(s["parent_block_hash"]) == P32
+    assert (s["token_ids"], s["block_size"], s["lora_id"], s["medium"], s["lora_name"],
+            s["group_idx"]) == (list(range(1, 9)), 4, 3, "GPU", "ad", 1)
+    assert s["extra_keys"] == [["ad"], ["ad", ["img", 4], "salt"]]
+    assert (s2["block_hashes"], s2["parent_block_hash"], s2["lora_name"]) == ([7], None, None)
+    assert "extra_keys" not in s2  # its default (omit_defaults in vLLM's struct)
+    assert ([h(x) for x in rm["block_hashes"]], rm["medium"], rm["group_idx"]) == ([123, H32], "GPU", 1)
+    assert (rm2["block_hashes"], rm2["medium"]) == ([7], None)

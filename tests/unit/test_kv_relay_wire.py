@@ -47,7 +47,7 @@ def test_every_message_round_trips(msg: Any) -> None:
     assert decode(encode(msg)) == msg
 
 
-def test_a_batch_travels_in_vllms_map_encoding_without_defaults() -> None:
+def test_a_batch_travels_in_vllms_map_encoding_with_its_required_fields() -> None:
     import msgpack
 
     from llmgw.kvcache.events import Removed, Stored
@@ -56,8 +56,9 @@ def test_a_batch_travels_in_vllms_map_encoding_without_defaults() -> None:
     assert frames[:5] == [PROTO, b"batch", b"r-1", (7).to_bytes(8, "big"), (5).to_bytes(8, "big")]
     assert msgpack.unpackb(frames[5]) == [1.0, [
         {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
-         "token_ids": list(range(8)), "block_size": 4},
-        {"type": "BlockRemoved", "block_hashes": [9]},
+         "token_ids": list(range(8)), "block_size": 4, "lora_id": None, "medium": None,
+         "lora_name": None},
+        {"type": "BlockRemoved", "block_hashes": [9], "medium": None},
         {"type": "AllBlocksCleared"}], 0]
 
 

@@ -27,7 +27,8 @@ could not fill. A router applies a life's batches in seq order, exactly once:
 
 Frames: `[PROTO, kind, ...]`, ints 8 bytes big-endian, the follow map and the batches as
 msgpack. A batch is relayed in vLLM's current encoding of `EventBatch` (tagged maps,
-defaults left out), so `events.decode_batch`, the one total decoder, reads it back; the
+optional fields left out; vLLM's own decoder reads it: tests/real_engine/
+test_kv_events_codec.py), so `events.decode_batch`, the one total decoder, reads it back; the
 seq frame of that decoder is the relay's seq.
 """
 
@@ -116,27 +117,27 @@ def encode(msg: Message) -> list[bytes]:
 
 def encode_batch(batch: Batch) -> bytes:
     """`batch` as vLLM 0.32 encodes an EventBatch: `[ts, events, rank]`, each event a
-    tagged map without its defaults."""
+    tagged map without the fields that have defaults when they hold them."""
     return msgpack.packb([batch.ts, [_event(e) for e in batch.events], batch.dp_rank],
                          use_bin_type=True)
 
 
 def _event(e: Event) -> dict[str, Any]:
     if isinstance(e, Stored):
+        # vLLM's BlockStored requires its first seven fields, None or not
+        # (vllm/distributed/kv_events.py BlockStored: no defaults up to lora_name).
         out: dict[str, Any] = {"type": "BlockStored", "block_hashes": list(e.block_hashes),
                                "parent_block_hash": e.parent, "token_ids": list(e.token_ids),
-                               "block_size": e.block_size}
-        for name, v in (("lora_id", e.lora_id), ("medium", e.medium), ("lora_name", e.lora_name),
-                        ("group_idx", e.group), ("cache_salt", e.cache_salt)):
+                               "block_size": e.block_size, "lora_id": e.lora_id,
+                               "medium": e.medium, "lora_name": e.lora_name}
+        for name, v in (("group_idx", e.group), ("cache_salt", e.cache_salt)):
             if v is not None:
                 out[name] = v
         if e.extra_keys is not None:
             out["extra_keys"] = _plain(e.extra_keys)
         return out
     if isinstance(e, Removed):
-        out = {"type": "BlockRemoved", "block_hashes": list(e.block_hashes)}
-        if e.medium is not None:
-            out["medium"] = e.medium
+        out = {"type": "BlockRemoved", "block_hashes": list(e.block_hashes), "medium": e.medium}
         if e.group is not None:
             out["group_idx"] = e.group
         return out
