@@ -19,6 +19,10 @@ from fakes.web import post
 pytestmark = pytest.mark.slow
 
 
+# Priority classes on the router; keys of neither class wait as interactive.
+CLASSES = 'classes = [{name = "interactive", ttl = "10s"}, {name = "batch", ttl = "60s"}]\n'
+
+
 def ask(port: int, model: str, secret: str = "") -> tuple[int, Any]:
     r = post(port, {"model": model, "prompt": "p", "max_tokens": 2}, secret, timeout=10)
     return r.status, r.json()
@@ -30,7 +34,7 @@ def start(c: Cluster) -> int:
     c.up({"n1": {"discovery": {"simulated_gpus": 2}}})
     for name in ("a", "b"):
         c.apply(name, simulated(name))
-    _, port = c.start_router(extra='key_table_interval = "1s"\n')
+    _, port = c.start_router(extra='key_table_interval = "1s"\n' + CLASSES)
     for model in ("org/a", "org/b"):
         wait_for(lambda m=model: ask(port, m)[0] == 200, 60, f"{model} served")  # type: ignore[misc]
     return port
@@ -77,3 +81,19 @@ def test_keys_from_the_store_on_a_router(cluster: Cluster) -> None:
     assert took <= 2.0, f"the revoked key was refused {took:.2f}s after ctl apikey revoke"
     assert ask(port, "org/b", every)[0] == 200
     assert json.loads(cluster.ok("apikey", "describe", "team-a", "-o", "json"))["state"] == "revoked"
+
+    # A key's priority class goes from ctl through the server's key table to the router,
+    # whose queue counts its requests in that class.
+    batch = cluster.apikey("team-c", "--class", "batch")
+    assert json.loads(cluster.ok("apikey", "describe", "team-c", "-o", "json"))["priority_class"] == "batch"
+    wait_for(lambda: ask(port, "org/a", batch)[0] == 200, 3, "the batch key working")
+
+    def counted() -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        return text
+    text = counted()
+    assert 'llmgw_router_queue_wait_seconds_count{class="batch",model="org/a"} 1.0' in text, text
+    assert 'llmgw_router_queue_wait_seconds_count{class="interactive",model="org/b"}' in text
