@@ -8,6 +8,7 @@ from attrs import define, evolve, field
 from llmgw.model.autoscale import Autoscale, Target
 from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
 from llmgw.model.engine import EngineKind, EngineReport
+from llmgw.model.inventory import NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.endpoints import endpoint_table, table
 
@@ -18,6 +19,8 @@ class Side:
 
     state: NodeState
     engines: dict[str, EngineReport] = field(factory=dict)
+    info: NodeInfo = NodeInfo("n", "10.0.0.1")
+    key: str = ""
 
 
 D = Deployment(name="d", model="org/m", engine=EngineKind.SIMULATED, gpus_per_node=1, replicas=2)

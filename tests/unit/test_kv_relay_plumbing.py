@@ -14,7 +14,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import trio
-from attrs import evolve
+from attrs import define, evolve, field
 
 from llmgw import PROTOCOL_VERSION
 from llmgw.agent.kvevents.routers import AuthorizedRouters
@@ -22,13 +22,29 @@ from llmgw.agent.link import LinkHooks, LinkSettings, serve_link
 from llmgw.agent.run import kv_relay_endpoint, node_info
 from llmgw.config.agent import AgentConfig, KeysConfig
 from llmgw.config.server import ServerConfig
+from llmgw.errors import ProtocolError
+from llmgw.model.deployment import Deployment, Member, Replica, ReplicaState
+from llmgw.model.engine import EngineKind, EngineReport
 from llmgw.model.inventory import Inventory, NodeInfo
+from llmgw.model.node import NodeState
+from llmgw.server.endpoints import endpoint_table, table, without_keys
 from llmgw.server.peers.service import run_plane
 from llmgw.server.peers.sessions import ControlPlane, Outgoing
-from llmgw.server.store.sql import Store
+from llmgw.server.store.sql import Store, StoredNode
 from llmgw.transport import codec
+from llmgw.transport.codec import structure_result
 from llmgw.transport.keys import KeyInfo
-from llmgw.transport.messages import DesiredSet, Hello, Message, Refused, RouterKeys, Welcome
+from llmgw.transport.messages import (
+    DesiredSet,
+    Heartbeat,
+    Hello,
+    HelloFirst,
+    Message,
+    Refused,
+    RouterKeys,
+    Welcome,
+)
+from llmgw.transport.requests import EndpointsResult, KvRelay
 from llmgw.transport.zap import user_id
 
 CONFIG = ServerConfig(heartbeat_interval=5.0)
@@ -236,3 +252,91 @@ async def test_the_link_keeps_the_agents_authorized_routers_as_the_server_says(
         await trio.sleep(60)
         assert routers.keys == frozenset({ROUTER_A.encode(), ROUTER_B.encode()})
         nursery.cancel_scope.cancel()
+
+
+# ---- the endpoint table ----
+
+RELAY = "tcp://10.0.0.1:7444"
+KV_D = Deployment(name="kv", model="org/m", engine=EngineKind.VLLM, gpus_per_node=1, replicas=1,
+                  kv_events=True)
+
+
+@define
+class Side:
+    state: NodeState
+    info: NodeInfo
+    key: str = NODE_KEY
+    engines: dict[str, EngineReport] = field(factory=dict)
+
+
+def kv_replica(spec: Deployment = KV_D, *nodes: str) -> Replica:
+    members = tuple(Member(n, i, ("GPU-0",), 8000, addr="10.0.0.1") for i, n in enumerate(nodes or ("n1",)))
+    return Replica(f"{spec.name}-0", spec.name, 0, spec, state=ReplicaState.READY, members=members)
+
+
+def row(replicas: list[Replica], nodes: dict[str, Side]) -> dict[str, object]:
+    got = endpoint_table({r.id: r for r in replicas}, nodes)
+    (rows,) = got.values()
+    return rows[0]
+
+
+def test_a_kv_events_replica_names_its_head_agents_relay_and_key() -> None:
+    relayed = {"n1": Side(NodeState.READY, NodeInfo("n1", "10.0.0.1", kv_relay=RELAY))}
+    assert row([kv_replica()], relayed)["kv"] == {"endpoint": RELAY, "key": NODE_KEY}
+    # A gang: the head's relay (the scheduler's rank runs there), never a member's.
+    gang = {**relayed, "n2": Side(NodeState.READY, NodeInfo("n2", "10.0.0.2", kv_relay="tcp://10.0.0.2:7444"),
+                                  key=NODE2_KEY)}
+    assert row([kv_replica(KV_D, "n1", "n2")], gang)["kv"] == {"endpoint": RELAY, "key": NODE_KEY}
+    # A suspect head keeps its row and its relay: the router judges by what answers.
+    suspect = {"n1": evolve(relayed["n1"], state=NodeState.SUSPECT)}
+    assert row([kv_replica()], suspect)["kv"] == {"endpoint": RELAY, "key": NODE_KEY}
+
+
+@pytest.mark.parametrize("why", ["kv_events off", "no relay advertised", "no key known"])
+def test_no_kv_where_nothing_is_relayed(why: str) -> None:
+    spec, info, key = KV_D, NodeInfo("n1", "10.0.0.1", kv_relay=RELAY), NODE_KEY
+    if why == "kv_events off":
+        spec = evolve(KV_D, kv_events=False)
+    elif why == "no relay advertised":
+        info = NodeInfo("n1", "10.0.0.1")
+    else:
+        key = ""
+    assert "kv" not in row([kv_replica(spec)], {"n1": Side(NodeState.READY, info, key)})
+
+
+def test_the_router_reads_kv_and_ctl_sees_it_too() -> None:
+    relayed = {"n1": Side(NodeState.READY, NodeInfo("n1", "10.0.0.1", kv_relay=RELAY))}
+    t = {"version": 3, **table({"kv": KV_D}, {"kv-0": kv_replica()}, {}, relayed)}
+    result = structure_result(t, EndpointsResult)
+    assert result.models["org/m"][0].kv == KvRelay(RELAY, NODE_KEY)
+    plain = structure_result({"version": 3, "models": {"org/m": [{"replica_id": "r", "url": "http://h:1"}]}},
+                             EndpointsResult)
+    assert plain.models["org/m"][0].kv is None
+    # Public keys are no secret: an admin's view keeps them.
+    assert without_keys(t)["models"]["org/m"][0]["kv"] == {"endpoint": RELAY, "key": NODE_KEY}
+
+
+@pytest.mark.parametrize("kv", [{"endpoint": "http://10.0.0.1:7444", "key": NODE_KEY},
+                                {"endpoint": RELAY, "key": "short"},
+                                {"endpoint": RELAY},
+                                {"endpoint": RELAY, "key": NODE_KEY, "more": 1}])
+def test_a_bad_kv_from_a_server_is_a_protocol_error(kv: dict[str, object]) -> None:
+    with pytest.raises(ProtocolError):
+        structure_result({"version": 1, "models": {"m": [{"replica_id": "r", "url": "http://h:1", "kv": kv}]}},
+                         EndpointsResult)
+
+
+def test_a_node_remembered_after_a_restart_keeps_its_relay_key() -> None:
+    # Before its agent's Hello again: the node key authorized under its name, so that the
+    # routers' links to its relay survive the server's restart.
+    cp = ControlPlane(config=CONFIG, authorized=keys())
+    stored = {"n1": StoredNode(info=NodeInfo("n1", "10.0.0.1", kv_relay=RELAY), inventory=Inventory(),
+                               cordoned=False, draining=False, last_seen=0.0),
+              "n9": StoredNode(info=NodeInfo("n9", "10.0.0.9"), inventory=Inventory(),
+                               cordoned=False, draining=False, last_seen=0.0)}
+    cp.remember(stored, 10.0)
+    assert cp.nodes["n1"].key == NODE_KEY and cp.nodes["n9"].key == ""
+    assert not cp.nodes["n1"].connected
+    # Which takes no message of that key before a Hello.
+    assert [type(m) for _, m in cp.handle(b"r", NODE_KEY, codec.encode(Heartbeat(1)), 11.0)] == [HelloFirst]
+    assert row([kv_replica()], dict(cp.nodes))["kv"] == {"endpoint": RELAY, "key": NODE_KEY}  # type: ignore[arg-type]

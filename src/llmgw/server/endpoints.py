@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from llmgw.config.vllm_serve import takes_priority
 from llmgw.model.deployment import Deployment, Replica, ReplicaState
 from llmgw.model.engine import EngineReport
+from llmgw.model.inventory import NodeInfo
 from llmgw.model.node import NodeState
 from llmgw.server.reconcile import adapters, sleeping
 from llmgw.server.reconcile.replica_states import ROUTABLE
@@ -27,6 +28,12 @@ class NodeSide(Protocol):
 
     @property
     def engines(self) -> Mapping[str, EngineReport]: ...
+
+    @property
+    def info(self) -> NodeInfo: ...  # its kv_relay: where its agent relays KV events
+
+    @property
+    def key(self) -> str: ...  # the node's public key (z85), its relay's too; "": not known
 
 
 def table(deployments: Mapping[str, Deployment], replicas: Mapping[str, Replica],
@@ -107,7 +114,8 @@ def endpoint_table(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide
 
 def without_keys(table: Mapping[str, Any]) -> dict[str, Any]:
     """The table with no engine keys in it: for a reader that is not a router (an admin's
-    ctl), which has no business sending requests to engines."""
+    ctl), which has no business sending requests to engines. The agents' public keys in
+    `kv` stay: they are not secret, and a key alone lets no one in."""
     models = {name: [{k: v for k, v in e.items() if k != "key"} for e in entries]
               for name, entries in table.get("models", {}).items()}
     return {**table, "models": models}
@@ -144,5 +152,11 @@ def _rows(replicas: Mapping[str, Replica], nodes: Mapping[str, NodeSide]
         # request's class); only where true, so a router from before reads the rest.
         if takes_priority(r.spec):
             row["priority"] = True
+        # Where a router follows its engine's KV-cache events (kv_aware routing): its head
+        # node's agent relay, which is a CURVE server with the node's own key. Only where
+        # the deployment has kv_events and the agent advertised a relay (a router from
+        # before reads every other row as before).
+        if r.spec.kv_events and head.info.kv_relay and head.key:
+            row["kv"] = {"endpoint": head.info.kv_relay, "key": head.key}
         table.setdefault(r.spec.served_name, []).append(row)
     return table

@@ -13,7 +13,7 @@ import enum
 
 from attrs import field, frozen
 
-from llmgw.config.addresses import AddressError, parse_host_port
+from llmgw.config.addresses import AddressError, parse_host_port, parse_tcp
 from llmgw.model.deployment import Deployment
 from llmgw.model.engine import check_engine_key
 from llmgw.transport.apikey_ops import (
@@ -179,6 +179,27 @@ def _engine_url(_: object, __: object, value: str) -> None:
         raise ValueError(f"not an engine URL (http://host:port): {value[:100]!r}") from None
 
 
+def _relay_address(_: object, __: object, value: str) -> None:
+    try:
+        parse_tcp(value)
+    except AddressError:
+        raise ValueError(f"not a relay address (tcp://host:port): {value[:100]!r}") from None
+
+
+def _z85_public_key(_: object, __: object, value: str) -> None:
+    if len(value) != 40 or not value.isascii() or not value.isprintable() or " " in value:
+        raise ValueError(f"not a CURVE public key (40 characters of z85): {value[:100]!r}")
+
+
+@frozen
+class KvRelay:
+    """Where a router follows a replica's KV-cache events (kv_aware routing): its head
+    node's agent relay, a CURVE server whose public key is the node's own."""
+
+    endpoint: str = field(validator=_relay_address)  # tcp://mgmt_addr:kv_relay_port
+    key: str = field(validator=_z85_public_key)  # z85
+
+
 @frozen
 class Endpoint:
     replica_id: str
@@ -193,6 +214,10 @@ class Endpoint:
     # Its engine schedules by the request's `priority` (vLLM --scheduling-policy
     # priority): the router writes the field from the request's class. Sent only when true.
     priority: bool = False
+    # Its engine publishes KV-cache events (kv_events) and its head node's agent relays
+    # them here. Sent only then: a router from before reads every other row as before
+    # (a row with it is an extra key to such a router: upgrade routers first).
+    kv: KvRelay | None = None
 
 
 @frozen

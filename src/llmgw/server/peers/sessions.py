@@ -97,7 +97,10 @@ class Node:
     routing_id: bytes
     engines: dict[str, EngineReport] = field(factory=dict)
     connected: bool = True  # has a live session (cut on revocation)
-    key: str = ""  # the public key of the live session; its messages alone are the node's
+    # The public key of the live session; its messages alone are the node's. A node
+    # remembered after a restart: the node key authorized under its name (its KV relay's key
+    # in the endpoint table), which no message is taken from before its Hello.
+    key: str = ""
     cordoned: bool = False  # placement puts nothing new here (ctl cordon, drain)
     draining: bool = False  # its replicas move away, new ones ready first (ctl drain)
     # When it went silent (suspect, lost); None: ready. Kept by ControlPlane, the node
@@ -187,8 +190,10 @@ class ControlPlane:
         """After a restart: the nodes the store knows of, born suspect (silent since `now`)
         until their agents say Hello again, and the restart grace before any is lost."""
         state = born(NodeBirth.REMEMBERED)
+        node_keys = {info.name: k for k, info in self.authorized.items() if info.role == "node"}
         for node_id, n in stored.items():
             self._nodes[node_id] = Node(node_id, n.info, n.inventory, state, now, b"", connected=False,
+                                        key=node_keys.get(node_id, ""),
                                         cordoned=n.cordoned, draining=n.draining,
                                         silent_since=node_states.silent_since(state, None, now))
         self.lost_not_before = now + self.config.restart_grace
