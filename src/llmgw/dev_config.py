@@ -161,13 +161,24 @@ def metrics_ports(root: Path, taken: frozenset[int]) -> tuple[int, int]:
     return server, agent
 
 
+def kv_relay_port(root: Path, opts: DevOptions, taken: frozenset[int]) -> int:
+    """The agent's KV-event relay: a free port, never the production default (7444), so
+    that a second dev, or one beside a real agent, starts; kept from the last run where
+    free, none of `taken` and none of the engines' port range."""
+    engines = frozenset(range(opts.port_base, opts.port_base + 1000))
+    return _kept_port(root, "agent.yaml", lambda t: f":{yaml.safe_load(t)['kv_relay_port']}",
+                      "agent's KV relay", taken=taken | engines)
+
+
 def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
     keys_dir = root / "keys"
     make_keys(keys_dir)
     zmq_port = server_port(root)
     address = f"tcp://{HOST}:{zmq_port}"
-    server_metrics, agent_metrics = (
-        f"{HOST}:{p}" for p in metrics_ports(root, frozenset({zmq_port, router_port})))
+    server_metrics_port, agent_metrics_port = metrics_ports(root, frozenset({zmq_port, router_port}))
+    server_metrics, agent_metrics = f"{HOST}:{server_metrics_port}", f"{HOST}:{agent_metrics_port}"
+    relay_port = kv_relay_port(root, opts, frozenset({zmq_port, router_port, server_metrics_port,
+                                                      agent_metrics_port}))
     server = {
         "bind": address,
         "metrics_bind": server_metrics,
@@ -196,6 +207,7 @@ def write_configs(root: Path, opts: DevOptions, router_port: int) -> DevFiles:
         "supervisor": {"work_dir": str(root / "agent"), "stop_timeout": f"{ENGINE_STOP_TIMEOUT:g}s",
                        "health_interval": "500ms"},
         "port_range": [opts.port_base, opts.port_base + 999],
+        "kv_relay_port": relay_port,
     }
     engines: dict[str, Any] = {}
     if opts.vllm_bin:

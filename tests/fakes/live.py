@@ -193,6 +193,8 @@ class Cluster:
             # Every test "node" shares 127.0.0.1: give each its own ports.
             "port_range": list(self._port_range()),
             "metrics_bind": "",  # no listener on the default port unless asked
+            # Nor a KV-event relay (every test node shares 127.0.0.1): kv_relay_port=N to have one.
+            "kv_relay_port": 0,
         }
         for k, v in overrides.items():
             if isinstance(v, dict) and isinstance(cfg.get(k), dict):

@@ -340,3 +340,19 @@ def test_a_node_remembered_after_a_restart_keeps_its_relay_key() -> None:
     # Which takes no message of that key before a Hello.
     assert [type(m) for _, m in cp.handle(b"r", NODE_KEY, codec.encode(Heartbeat(1)), 11.0)] == [HelloFirst]
     assert row([kv_replica()], dict(cp.nodes))["kv"] == {"endpoint": RELAY, "key": NODE_KEY}  # type: ignore[arg-type]
+
+
+# ---- llmgw dev ----
+
+
+def test_devs_agent_relays_on_a_free_port_kept_with_the_folder(tmp_path: Path) -> None:
+    from llmgw import dev_config
+    from llmgw.config.load_agent import load_agent_config
+
+    opts = dev_config.DevOptions(state_dir=str(tmp_path))
+    first = load_agent_config(str(dev_config.write_configs(tmp_path, opts, 8080).agent_yaml))
+    assert first.kv_relay_port not in (0, 7444)  # a second dev, or one beside a real agent, starts
+    lo, hi = first.port_range
+    assert not lo <= first.kv_relay_port <= hi
+    again = load_agent_config(str(dev_config.write_configs(tmp_path, opts, 8080).agent_yaml))
+    assert again.kv_relay_port == first.kv_relay_port
