@@ -29,13 +29,17 @@ continue_final_message, :232-234 StreamOptions.continuous_usage_stats; serving_c
 opens the final assistant message).
 
 Counting what the first engine sent, which was not asked for usage per chunk: vLLM writes
-one event per engine step that has output for the request (openai/completion/serving.py,
-the loop over `res.outputs`; chat likewise, after its role chunk). A step is one token
-without speculative decoding and with the default stream interval, more with either:
-the count of events is a floor, not the number of tokens. A continuation's `max_tokens` is
-the original less that floor, so with speculative decoding the whole answer may run a few
-tokens past the client's limit. Where the client asked for `continuous_usage_stats` itself
-the engine's own count is used.
+one event per output it hands its API server (openai/completion/serving.py, the loop over
+`res.outputs`; chat likewise, after its role chunk). An output is one engine step, one
+token without speculative decoding and with the default stream interval, more with
+either; and when the API server falls behind the engine, the outputs of several steps are
+merged into one (v1/engine/output_processor.py:53-79, RequestOutputCollector.put; seen
+with the CPU build on a loaded machine: a stream of 300 tokens, ignore_eos, came in 296
+events). So the count of events is a floor,
+not the number of tokens: a continuation's `max_tokens` is the original less that floor,
+and the whole answer may run past the client's limit, and its usage count fewer
+completion tokens than it held, by what was merged or speculated before the break. Where
+the client asked for `continuous_usage_stats` itself the engine's own count is used.
 
 Refused (the stream ends with the error event, as without failover): n or best_of above 1,
 logprobs, a pinned seed (the client wants that exact sample, and a second engine would
@@ -61,7 +65,6 @@ COMPLETION_MAX_TOKENS = 16
 # A chunk larger than this is not held whole: the stream is then passed on as it comes and
 # can no longer be resumed (an engine writes one small event per chunk).
 HOLD_MAX = 1 << 20
-DONE = b"data: [DONE]"
 # SGLang's own structured-output fields (srt/entrypoints/openai/protocol.py:401-402 for
 # completions, :1006-1007 for chat).
 SGLANG_GRAMMARS = ("regex", "ebnf")
