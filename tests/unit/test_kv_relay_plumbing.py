@@ -356,3 +356,36 @@ def test_devs_agent_relays_on_a_free_port_kept_with_the_folder(tmp_path: Path) -
     assert not lo <= first.kv_relay_port <= hi
     again = load_agent_config(str(dev_config.write_configs(tmp_path, opts, 8080).agent_yaml))
     assert again.kv_relay_port == first.kv_relay_port
+
+
+# ---- what ctl shows ----
+
+
+def test_ctl_describe_shows_where_kv_events_are_relayed() -> None:
+    from llmgw.ctl.render import render
+
+    dep = {"name": "kv", "model": "org/m", "served_name": "org/m", "engine": "vllm", "ready": 2,
+           "replicas": 2, "status": "ready", "spec": {"kv_events": True}, "replica_list": [],
+           "events": [], "kv_relays": {"kv-0": RELAY, "kv-1": ""}}
+    text = render("describe", "deployment", dep)
+    assert f"KV events of kv-0: relayed at {RELAY}" in text
+    assert "KV events of kv-1: not relayed (its head node's agent has no relay" in text
+    assert "KV events" not in render("describe", "deployment", {**dep, "kv_relays": None})
+    node = {"id": "n1", "state": "ready", "connected": True, "heartbeat_age": 1.0, "mgmt_addr": "10.0.0.1",
+            "kv_relay": RELAY}
+    assert f"KV relay:  {RELAY}" in render("describe", "node", node)
+    assert "KV relay:  none" in render("describe", "node", {**node, "kv_relay": ""})
+
+
+def test_the_server_names_each_placed_replicas_relay_and_each_nodes() -> None:
+    from types import SimpleNamespace
+
+    from llmgw.server.status import kv_relays, node_view
+
+    cp = plane()
+    cp.handle(b"r", NODE_KEY, hello(RELAY), 0.0)
+    placed, unplaced = kv_replica(), evolve(kv_replica(), id="kv-1", members=())
+    elsewhere = evolve(kv_replica(KV_D, "n7"), id="kv-2")  # a node the server has not heard
+    o = SimpleNamespace(cp=cp)
+    assert kv_relays(o, [placed, unplaced, elsewhere]) == {"kv-0": RELAY, "kv-2": ""}
+    assert node_view(cp.nodes["n1"], 1.0)["kv_relay"] == RELAY

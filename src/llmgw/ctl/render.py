@@ -213,6 +213,7 @@ def _describe(d: dict[str, Any]) -> str:
     lines += ["", "Replicas:", _replicas_table(d["replica_list"])]
     for rid, why in d.get("pending", {}).items():
         lines.append(f"pending {rid}: {why}")
+    lines += _kv_relays(d.get("kv_relays"))
     for r in d["replica_list"]:
         if r.get("last_log_tail"):
             lines += ["", f"Last log of {r['id']}:", *("  " + x for x in r["last_log_tail"])]
@@ -220,11 +221,23 @@ def _describe(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kv_relays(relays: object) -> list[str]:
+    """Where routers follow each replica's KV-cache events (kv_events): its head node's
+    agent relay, or why nowhere."""
+    if not isinstance(relays, dict):
+        return []
+    return [f"KV events of {rid}: relayed at {at}" if at else
+            f"KV events of {rid}: not relayed (its head node's agent has no relay: kv_relay_port 0, "
+            "or an agent from before relays)"
+            for rid, at in sorted(relays.items())]
+
+
 def _describe_node(n: dict[str, Any]) -> str:
     lines = [f"Node:      {n['id']}", f"State:     {node_state(n)}",
              f"Connected: {'yes' if n.get('connected') else 'no'} "
              f"(heartbeat {_age(n)} ago)",
              f"Mgmt addr: {n.get('mgmt_addr', '')}",
+             f"KV relay:  {n.get('kv_relay') or 'none'}",
              "Labels:    " + (", ".join(f"{k}={v}" for k, v in sorted(n.get("labels", {}).items()))
                               or "-"),
              "Fabrics:   " + (", ".join(f"{f['name']} ({f['state']}: {', '.join(f.get('hcas', []))})"

@@ -75,6 +75,8 @@ def node_view(node: Node, now: float) -> dict[str, Any]:
         "heartbeat_age": round(max(0.0, now - node.last_seen), 1),
         "connected": node.connected,
         "mgmt_addr": node.info.mgmt_addr,
+        # Where routers follow its engines' KV-cache events ("": its agent has no relay).
+        "kv_relay": node.info.kv_relay,
         "labels": dict(node.info.labels),
         "fabrics": [{"name": f.name, "state": str(f.state), "hcas": list(f.hcas)}
                     for f in inv.fabrics],
@@ -195,7 +197,20 @@ def describe_deployment(o: Cluster, d: Deployment, events: list[StoredEvent]) ->
         "events": [{"ts": e.ts, "replica": e.replica, "text": e.text} for e in events],
         # More adapters than LoRA slots: how they share them (LoRA adapters).
         **({"lora": sharing} if (sharing := lora_sharing(d)) else {}),
+        **({"kv_relays": kv_relays(o, mine)} if d.kv_events else {}),
     }
+
+
+def kv_relays(o: Cluster, replicas: Iterable[Replica]) -> dict[str, str]:
+    """Replica -> where routers follow its engine's KV-cache events: its head node's
+    agent relay, as the endpoint table names it ("": that agent advertises none). Placed
+    replicas only."""
+    out = {}
+    for r in replicas:
+        if r.members:
+            head = o.cp.nodes.get(r.members[0].node_id)
+            out[r.id] = head.info.kv_relay if head is not None else ""
+    return out
 
 
 def describe_node(o: Cluster, node: Node, now: float) -> dict[str, Any]:
