@@ -11,7 +11,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 from prometheus_client import CollectorRegistry, generate_latest
@@ -23,21 +22,18 @@ from llmgw.kvcache.events import Batch, Stored
 from llmgw.kvcache.tokenize import PromptTokenizer, Unavailable
 from llmgw.router.kv.policy import INLINE_MAX_BYTES, KvModel, KvRouting, read_tokenizer
 from llmgw.router.routing.balancer import Pool, Replica
+from llmgw.transport.requests import Endpoint, KvRelay
 
 BS = 4  # block size
 PREFIX = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11"  # with the BOS: 3 full blocks
 
 
-@attrs.frozen
-class Kv:
-    endpoint: str
-    key: str
+def Row(replica_id: str, kv: KvRelay | None = None) -> Endpoint:  # noqa: N802 - reads as a row
+    return Endpoint(replica_id, f"http://10.0.1.1:{8000 + len(replica_id)}", kv=kv)
 
 
-@attrs.frozen
-class Row:
-    replica_id: str
-    kv: Kv | None = None
+def Kv(endpoint: str, key: str) -> KvRelay:  # noqa: N802
+    return KvRelay(endpoint, key * 20)
 
 
 def routing(tmp_path: Path, **route: Any) -> KvRouting:
@@ -126,7 +122,8 @@ def test_the_table_names_the_relays_to_follow_and_forgets_replicas_that_left(tmp
                             Row("r2", Kv("tcp://10.0.0.2:7444", "K2")), Row("r3")],
                       "plain": [Row("p0", Kv("tcp://10.0.0.3:7444", "K3"))]})
     assert first.is_set()
-    assert kv.agents == {("tcp://10.0.0.1:7444", "K1"): {"r0", "r1"}, ("tcp://10.0.0.2:7444", "K2"): {"r2"}}
+    assert kv.agents == {("tcp://10.0.0.1:7444", "K1" * 20): {"r0", "r1"},
+                         ("tcp://10.0.0.2:7444", "K2" * 20): {"r2"}}
     assert kv.model_of("r3") is kv.models["m"] and kv.model_of("p0") is None
     km = kv.models["m"]
     km.index.apply("r0", stored(PREFIX))
@@ -136,12 +133,19 @@ def test_the_table_names_the_relays_to_follow_and_forgets_replicas_that_left(tmp
     assert again.is_set()  # the same relays, but a new table: the links look again
     assert km.index.size("r0") == 3
     kv.table_changed({"m": [Row("r1", Kv("tcp://10.0.0.1:7444", "K1"))]})
-    assert kv.agents == {("tcp://10.0.0.1:7444", "K1"): {"r1"}}
+    assert kv.agents == {("tcp://10.0.0.1:7444", "K1" * 20): {"r1"}}
     assert km.index.size("r0") == 0 and kv.model_of("r0") is None
 
 
 # ---------------------------------------------------------------------------------------
 # Requests
+
+
+def pick(kv: KvRouting, km: KvModel, k: list[int], p: Pool, now: float, stale: float,
+         exclude: tuple[Replica, ...]) -> Replica:
+    r = kv.choose(km, k, p, now, stale, exclude)
+    assert r is not None
+    return r
 
 
 async def test_no_block_size_yet_falls_back(tmp_path: Path) -> None:
@@ -173,10 +177,11 @@ async def test_chat_bodies_are_rendered_as_the_engine_renders_them(tmp_path: Pat
     kv = routing(tmp_path)
     km = kv.models["m"]
     km.index.apply("r1", stored(PREFIX))
-    body = {"model": "m", "messages": [{"role": "user", "content": "w1 w2 w3 w4 w5"}]}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "w1 w2 w3 w4 w5"}]
+    body = {"model": "m", "messages": messages}
     got = await kv.keys("m", None, body, 10, b"/v1/chat/completions")
     assert got is not None
-    chat_ids = km.tok.encode_chat(body["messages"], now=datetime.now())
+    chat_ids = km.tok.encode_chat(messages, now=datetime.now())
     assert got[1] == blocks.chain_keys(chat_ids, BS, km.index.seed(None))
 
 
@@ -211,11 +216,11 @@ async def test_the_replica_holding_the_prefix_wins_unless_its_load_outweighs_it(
     km = kv.models["m"]
     km.index.apply("r1", stored(PREFIX))
     _, k = await keys(kv, PREFIX + " w60")  # 3 blocks, all on r1
-    assert kv.choose(km, k, pool(0, 2, 0), 0.0, 2.0, ()).replica_id == "r1"  # 3 uncached > 2 more load
-    assert kv.choose(km, k, pool(0, 4, 0), 0.0, 2.0, ()).replica_id == "r0"  # 4 more load > 3 blocks
+    assert pick(kv, km, k, pool(0, 2, 0), 0.0, 2.0, ()).replica_id == "r1"  # 3 uncached > 2 more load
+    assert pick(kv, km, k, pool(0, 4, 0), 0.0, 2.0, ()).replica_id == "r0"  # 4 more load > 3 blocks
     assert (km.routed, km.prompt_blocks, km.hit_blocks) == (2, 6, 3)
     p = pool(0, 0, 0)
-    assert kv.choose(km, k, p, 0.0, 2.0, (p.replicas[1],)).replica_id == "r0"  # a retry elsewhere
+    assert pick(kv, km, k, p, 0.0, 2.0, (p.replicas[1],)).replica_id == "r0"  # a retry elsewhere
 
 
 async def test_a_burst_follows_the_first_choice_by_speculation(tmp_path: Path) -> None:
@@ -224,11 +229,11 @@ async def test_a_burst_follows_the_first_choice_by_speculation(tmp_path: Path) -
     km.index.apply("r9", stored("w100 w101 w102 w103"))  # a block size, nothing of this prefix
     _, k = await keys(kv, PREFIX)
     p = pool(0, 0, 0)
-    first = kv.choose(km, k, p, 10.0, 2.0, ())
+    first = pick(kv, km, k, p, 10.0, 2.0, ())
     first.outstanding += 1  # dispatched
-    assert kv.choose(km, k, p, 11.0, 2.0, ()) is first  # held by speculation: 3 blocks > 1 load
+    assert pick(kv, km, k, p, 11.0, 2.0, ()) is first  # held by speculation: 3 blocks > 1 load
     assert km.hit_blocks == 3
-    assert kv.choose(km, k, pool(0, 0, 1), 12.5, 2.0, ()).replica_id == "r0"  # expired
+    assert pick(kv, km, k, pool(0, 0, 1), 12.5, 2.0, ()).replica_id == "r0"  # expired
 
 
 async def test_one_replica_or_none_eligible_is_the_pools_own_answer(tmp_path: Path) -> None:
@@ -237,7 +242,7 @@ async def test_one_replica_or_none_eligible_is_the_pools_own_answer(tmp_path: Pa
     km.index.apply("r1", stored(PREFIX))
     _, k = await keys(kv, PREFIX)
     p = pool(0, 0)
-    assert kv.choose(km, k, p, 0.0, 2.0, (p.replicas[0],)) is p.replicas[1]
+    assert pick(kv, km, k, p, 0.0, 2.0, (p.replicas[0],)) is p.replicas[1]
     assert kv.choose(km, k, p, 0.0, 2.0, tuple(p.replicas)) is None
     assert km.routed == 0
 
@@ -247,7 +252,7 @@ async def test_metrics_say_the_predicted_hits_and_the_index(tmp_path: Path) -> N
     km = kv.models["m"]
     km.index.apply("r1", stored(PREFIX))
     _, k = await keys(kv, PREFIX)
-    kv.choose(km, k, pool(0, 0), 0.0, 2.0, ())
+    pick(kv, km, k, pool(0, 0), 0.0, 2.0, ())
     text = render(kv)
     for line in ('llmgw_router_kv_predicted_hit_blocks_total{model="m"} 3.0',
                  'llmgw_router_kv_prompt_blocks_total{model="m"} 3.0',

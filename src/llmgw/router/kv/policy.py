@@ -39,6 +39,7 @@ from llmgw.kvcache.index import KvIndex
 from llmgw.kvcache.tokenize import NotText, PromptTokenizer, Unavailable
 from llmgw.logbound import Throttle
 from llmgw.router.routing.balancer import Pool, Replica
+from llmgw.transport.requests import Endpoint
 
 log = logging.getLogger("llmgw.router.kv")
 
@@ -122,9 +123,9 @@ class KvRouting:
 
     # ---- the table ------------------------------------------------------------------
 
-    def table_changed(self, models: Mapping[str, Sequence[Any]]) -> None:
-        """The endpoint table's models (served name -> its rows, each with replica_id and
-        `kv`, the agent's relay: endpoint and key, or None)."""
+    def table_changed(self, models: Mapping[str, Sequence[Endpoint]]) -> None:
+        """The endpoint table's models (served name -> its rows, each with its `kv`: the
+        agent's relay, endpoint and key, or None)."""
         replica_model: dict[str, str] = {}
         agents: dict[tuple[str, str], set[str]] = {}
         for name, rows in models.items():
@@ -132,9 +133,8 @@ class KvRouting:
                 continue
             for row in rows:
                 replica_model[row.replica_id] = name
-                kv = getattr(row, "kv", None)
-                if kv is not None and kv.endpoint and kv.key:
-                    agents.setdefault((kv.endpoint, kv.key), set()).add(row.replica_id)
+                if row.kv is not None:
+                    agents.setdefault((row.kv.endpoint, row.kv.key), set()).add(row.replica_id)
         for replica, name in self.replica_model.items():
             if replica_model.get(replica) != name:
                 self.models[name].index.clear(replica)  # left the table (or the model)
