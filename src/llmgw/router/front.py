@@ -434,7 +434,8 @@ class Router:
         return await failover.carry_on(
             self.relay, ex, choose, self._failed, broke, m.why,
             migrations=self._route(ex.model).failover_migrations,
-            timeout=self.config.failover_timeout, status=200)
+            timeout=self.config.failover_timeout, status=200,
+            takes_priority=lambda r: r.replica_id in self.table.priority)
 
     def _failed(self, model: str, r: Replica, why: str) -> None:
         """A failure of `r` serving `model`: counted; ejected only on the balancer's

@@ -53,9 +53,13 @@ async def carry_on(
     migrations: int,
     timeout: float,
     status: int,
+    takes_priority: Callable[[Replica], bool] = lambda r: False,
 ) -> int:
     """Go on after `broke` failed mid-stream (`why`); returns the status the client got
-    (`status`, that of the first answer's head), 499 when the client went away."""
+    (`status`, that of the first answer's head), 499 when the client went away.
+    `takes_priority`: the replica's engine schedules by the body's `priority` (the
+    exchange's `engine` then writes the field for it, routing/priority.py: a client's own
+    never reaches an engine, after a failover either)."""
     follow = ex.follow
     assert follow is not None
     s = follow.stream
@@ -79,7 +83,6 @@ async def carry_on(
             relay.metrics.failover(model, "refused")
             return status
         migrations -= 1
-        ex.body = body
         deadline = trio.current_time() + timeout
         went_on = False
         failure = "no other ready replica"
@@ -91,6 +94,7 @@ async def carry_on(
                 failure = f"no replica answered within {timeout:g}s"
                 break
             tried += (r,)
+            ex.body = body if ex.engine is None else ex.engine.for_continuation(body, takes_priority(r))
             follow.restart()
             r.outstanding += 1
             try:
