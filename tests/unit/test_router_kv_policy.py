@@ -20,6 +20,7 @@ from llmgw.config.router import ModelRouteConfig
 from llmgw.kvcache import blocks
 from llmgw.kvcache.events import Batch, Stored
 from llmgw.kvcache.tokenize import PromptTokenizer, Unavailable
+from llmgw.router.kv import policy
 from llmgw.router.kv.policy import INLINE_MAX_BYTES, KvModel, KvRouting, read_tokenizer
 from llmgw.router.routing.balancer import Pool, Replica
 from llmgw.transport.requests import Endpoint, KvRelay
@@ -266,13 +267,13 @@ async def test_only_a_long_body_is_tokenized_off_the_event_loop(
     kv = routing(tmp_path)
     kv.models["m"].index.apply("r1", stored(PREFIX))
     threads: list[int] = []
-    real = KvRouting._keys
+    real = policy._keys
 
-    def spy(self: KvRouting, *args: Any) -> Any:
+    def spy(*args: Any) -> Any:
         threads.append(threading.get_ident())
-        return real(self, *args)
+        return real(*args)
 
-    monkeypatch.setattr(KvRouting, "_keys", spy)
+    monkeypatch.setattr(policy, "_keys", spy)
     await kv.keys("m", None, {"prompt": PREFIX}, INLINE_MAX_BYTES, b"/v1/completions")
     await kv.keys("m", None, {"prompt": PREFIX}, INLINE_MAX_BYTES + 1, b"/v1/completions")
     assert threads[0] == threading.get_ident() and threads[1] != threading.get_ident()

@@ -67,6 +67,20 @@ def read_tokenizer(folder: str, *,
     return tokenize.load(files, max_tokens=max_tokens)
 
 
+def _keys(tok: PromptTokenizer, body: Mapping[str, Any], path: bytes, block_size: int,
+          seed: int) -> list[int]:
+    """A request's chained block keys, as the engine will tokenize its prompt. Raises
+    NotText for a prompt the router cannot tokenize so (embeddings have none to route by)."""
+    if path == CHAT:
+        ids = tok.encode_chat(now=datetime.now(), **tokenize.chat_args(body))
+    elif path == COMPLETIONS:
+        ids = tok.encode_completion(body.get("prompt"),  # type: ignore[arg-type]
+                                    add_special_tokens=bool(body.get("add_special_tokens", True)))
+    else:
+        raise NotText("not a completion or chat request")
+    return blocks.chain_keys(ids, block_size, seed)
+
+
 class KvModel:
     """One kv_aware model: its tokenizer, its index and what it counted."""
 
@@ -170,24 +184,12 @@ class KvRouting:
             km.fallback("no_block_size")
             return None
         seed = km.index.seed(served if served != km.name else None)
-        if size > INLINE_MAX_BYTES:
-            keys = await trio.to_thread.run_sync(self._keys, km, body, path, block_size, seed)
-        else:
-            keys = self._keys(km, body, path, block_size, seed)
-        return None if keys is None else (km, keys)
-
-    def _keys(self, km: KvModel, body: Mapping[str, Any], path: bytes, block_size: int,
-              seed: int) -> list[int] | None:
+        # Counted and logged here, on the event loop, whichever thread tokenized.
         try:
-            if path == CHAT:
-                args = tokenize.chat_args(body)
-                ids = km.tok.encode_chat(now=datetime.now(), **args)
-            elif path == COMPLETIONS:
-                ids = km.tok.encode_completion(body.get("prompt"),  # type: ignore[arg-type]
-                                               add_special_tokens=bool(body.get("add_special_tokens", True)))
+            if size > INLINE_MAX_BYTES:
+                keys = await trio.to_thread.run_sync(_keys, km.tok, body, path, block_size, seed)
             else:
-                km.fallback("not_text")  # embeddings: no prefix to route by here
-                return None
+                keys = _keys(km.tok, body, path, block_size, seed)
         except NotText:
             km.fallback("not_text")
             return None
@@ -197,7 +199,7 @@ class KvRouting:
                           "model %s: a request not tokenized (%s: %s); routed by prefix",
                           km.name, type(e).__name__, e)
             return None
-        return blocks.chain_keys(ids, block_size, seed)
+        return km, keys
 
     def choose(self, km: KvModel, keys: list[int], pool: Pool, now: float, stale_after: float,
                exclude: tuple[Replica, ...]) -> Replica | None:
