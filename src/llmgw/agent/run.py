@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -27,6 +28,9 @@ from llmgw.agent.gpus.claims import mark_inventory
 from llmgw.agent.gpus.memory import GpuMemory, from_inventory
 from llmgw.agent.gpus.usage import GpuSampler
 from llmgw.agent.gpus.xid import XidProblems, serve_xid_watch
+from llmgw.agent.kvevents.feeds import KvFeeds
+from llmgw.agent.kvevents.relay import Relay
+from llmgw.agent.kvevents.relay_serve import RelayService, keep_kv_relay
 from llmgw.agent.kvevents.routers import AuthorizedRouters
 from llmgw.agent.lifecycle.bad_copies import BadCopies
 from llmgw.agent.lifecycle.supervisor import Supervisor
@@ -117,6 +121,11 @@ class Agent:
         # The router keys the server authorizes (its RouterKeys messages): the routers the
         # KV-event relay lets in.
         self.routers = AuthorizedRouters()
+        # The relay of the engines' KV-cache events to those routers (kv_relay_port), fed
+        # by a receiver per engine that publishes them. Lives are drawn from the OS's
+        # randomness: a restarted agent never takes up a life a router still holds.
+        self.kv_relay = RelayService(Relay(random.SystemRandom()))
+        self.kv_feeds = KvFeeds(self.kv_relay) if config.kv_relay_port else None
         # An engine whose command does not resolve: look again, so the inventory says so.
         # An engine started or gone, or a GPU released: look again, so that the server sees
         # the memory and the releasing GPUs as they are now.
@@ -126,7 +135,7 @@ class Agent:
                                      on_gpus_changed=lambda: self._rediscover.set(),
                                      storage=lambda: self.inventory.storage,
                                      inventory=lambda: self.inventory,
-                                     on_bad_copy=self._on_bad_copy)
+                                     on_bad_copy=self._on_bad_copy, kv=self.kv_feeds)
         self._engines_stopped = False
         sampler = GpuSampler(self._nvml)
         self.metrics = AgentMetrics(
@@ -278,6 +287,11 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 if self.config.metrics_bind:
                     await nursery.start(self.metrics.serve, self.config.metrics_bind)
+                if self.kv_feeds is not None:
+                    # Before the supervisor: adopted engines' receivers start in its serve.
+                    self.kv_feeds.ctx = ctx
+                    await nursery.start(keep_kv_relay, ctx, self.kv_relay,
+                                        kv_relay_endpoint(self.config), pair, self.routers)
                 await nursery.start(self.supervisor.serve)
                 # The engines adopted just now are this agent's, not foreign holders.
                 own = await trio.to_thread.run_sync(self.supervisor.engine_pids)
