@@ -190,3 +190,18 @@ async def test_a_relay_port_taken_costs_the_events_until_it_is_free_never_the_ag
     finally:
         blocker.close()
         ctx.destroy(linger=0)
+
+
+def test_a_send_that_fails_costs_that_message_never_the_caller() -> None:
+    ctx: zmq.Context[Any] = zmq.Context()
+    try:
+        service = RelayService(Relay(random.Random(5)))
+        service.relay.follow(b"router-a", Follow({R: None}), 0.0)
+        raw = ctx.socket(zmq.ROUTER)
+        service.sock = TrioSocket(raw)
+        raw.close()  # under the adapter: each send raises (ENOTSOCK), as at the context's end
+        service.new_life(R)  # the supervisor's call, at an engine's start
+        service.batch(R, bat(1))
+        assert service.dropped == 2 and service.sent == 0
+    finally:
+        ctx.destroy(linger=0)

@@ -82,7 +82,12 @@ class RelayService:
         if sock is None:
             return  # no socket (yet): no follower could have asked
         for ident, frames in out:
-            why = sock.try_send_parts([ident, *frames], copy=False)
+            try:
+                why = sock.try_send_parts([ident, *frames], copy=False)
+            except zmq.ZMQError as exc:  # the context ending, say: this message is lost
+                _bad.log(log, logging.WARNING, ("send", exc.errno), "KV relay: a send failed: %s",
+                         exc)
+                why = exc.errno or -1
             if why == 0:
                 self.sent += 1
             elif why == zmq.EHOSTUNREACH:
