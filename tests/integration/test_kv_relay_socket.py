@@ -20,6 +20,7 @@ from zmq.utils.monitor import parse_monitor_message
 from fakes.engines import free_port
 from llmgw.agent.kvevents.relay import Relay
 from llmgw.agent.kvevents.relay_serve import RelayService, keep_kv_relay, serve_kv_relay
+from llmgw.agent.kvevents.routers import AuthorizedRouters
 from llmgw.kvcache.events import Batch, Stored
 from llmgw.kvcache.relay_wire import Follow, Life, Message, RelayBatch, decode, encode
 from llmgw.transport.keys import KeyPair
@@ -28,14 +29,11 @@ from llmgw.transport.zmqtrio import TrioSocket
 R = "tiny-0"
 
 
-class Routers:
-    """The authorized router keys, as the server hands them to the agent."""
-
-    def __init__(self, *keys: bytes) -> None:
-        self.keys = set(keys)
-
-    def allows(self, public_key_z85: bytes) -> bool:
-        return public_key_z85 in self.keys
+def authorized(*keys: bytes) -> AuthorizedRouters:
+    """The router keys the server authorized, as its RouterKeys message hands them on."""
+    routers = AuthorizedRouters()
+    routers.update([k.decode() for k in keys])
+    return routers
 
 
 def pair() -> KeyPair:
@@ -72,7 +70,7 @@ async def test_routers_follow_catch_up_after_a_loss_and_only_authorized_keys_get
         caplog: pytest.LogCaptureFixture) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
     agent, router, stranger = pair(), pair(), pair()
-    routers = Routers(router.public_key)
+    routers = authorized(router.public_key)
     service = RelayService(Relay(random.Random(5)))
     service.new_life(R)
     for n in range(3):  # before any router follows: held in the ring
@@ -118,7 +116,7 @@ async def test_routers_follow_catch_up_after_a_loss_and_only_authorized_keys_get
 
                 # The router's key taken out while it is connected: its next Follow is
                 # ignored, and it is followed no more.
-                routers.keys.clear()
+                routers.update([])
                 with caplog.at_level(logging.WARNING, "llmgw.agent.kvevents.relay_serve"):
                     await a.send_multipart(encode(Follow({R: (life, 6)})))
                     with trio.fail_after(10):
@@ -142,7 +140,7 @@ async def test_a_router_gone_is_forgotten_at_the_next_send_and_bad_frames_cost_n
     try:
         async with trio.open_nursery() as nursery:
             bound = await nursery.start(serve_kv_relay, ctx, service, f"tcp://127.0.0.1:{port}",
-                                        agent, Routers(router.public_key))
+                                        agent, authorized(router.public_key))
             with dealer(ctx, b"router-a", router, agent, bound) as a:
                 with caplog.at_level(logging.WARNING, "llmgw.agent.kvevents.relay_serve"):
                     await a.send_multipart([b"llmgw-kv/1", b"nonsense"])
@@ -174,7 +172,7 @@ async def test_a_relay_port_taken_costs_the_events_until_it_is_free_never_the_ag
         async with trio.open_nursery() as nursery:
             with caplog.at_level(logging.ERROR, "llmgw.agent.kvevents.relay_serve"):
                 await nursery.start(functools.partial(keep_kv_relay, retry=0.05), ctx, service,
-                                    f"tcp://127.0.0.1:{port}", agent, Routers(router.public_key))
+                                    f"tcp://127.0.0.1:{port}", agent, authorized(router.public_key))
                 with trio.fail_after(10):
                     while "cannot listen on" not in caplog.text:
                         await trio.sleep(0.01)
