@@ -49,14 +49,15 @@ def stored(text: str, first_hash: int) -> Batch:
 class FakeRelay:
     """An agent's relay socket: records each Follow, sends what the test says."""
 
-    def __init__(self, ctx: zmq.Context[Any]) -> None:
-        self.public, secret = zmq.curve_keypair()
+    def __init__(self, ctx: zmq.Context[Any], bind: str = "tcp://127.0.0.1:0",
+                 keys: tuple[bytes, bytes] | None = None) -> None:
+        self.public, self.secret = keys or zmq.curve_keypair()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.curve_server = True
-        sock.curve_secretkey = secret
+        sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
-        sock.bind("tcp://127.0.0.1:0")
+        sock.bind(bind)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.ts = TrioSocket(sock)
         self.follows: list[tuple[bytes, Follow]] = []
@@ -284,4 +285,25 @@ async def test_with_the_agents_own_relay(
         assert await served_by(engines, url, f"{PREFIX} w61") == [0]
         nursery.cancel_scope.cancel()
     finally:
+        ctx.destroy(linger=0)
+
+
+async def test_an_agent_that_comes_back_is_followed_at_once(
+        engines: list[SimEngineProcess], relay: FakeRelay, nursery: trio.Nursery, tmp_path: Path) -> None:
+    """Its relay restarted (a new socket on the same address): the router's connection
+    comes up again and it sends its Follow then, not at its next heartbeat."""
+    url = await start(nursery, Source(table(engines, relay)), tmp_path, write_tokenizer(tmp_path / "tok"))
+    with trio.fail_after(10):
+        router = await relay.follow({"r0": None, "r1": None})
+    await relay.send(router, Life("r0", 11, 0), Life("r1", 22, 0))
+    await until(url, f'llmgw_router_kv_clears_total{{model="{MODEL}",why="life"}}', 2)
+    relay.ts.close()
+    ctx: zmq.Context[Any] = zmq.Context()
+    again = FakeRelay(ctx, relay.endpoint, (relay.public, relay.secret))
+    try:
+        nursery.start_soon(again.run)
+        with trio.fail_after(relay_wire.FOLLOW_EVERY / 2):  # well before the heartbeat
+            await again.follow({"r0": (11, 0), "r1": (22, 0)})
+    finally:
+        again.ts.close()
         ctx.destroy(linger=0)
