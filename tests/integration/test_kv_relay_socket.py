@@ -203,3 +203,17 @@ def test_a_send_that_fails_costs_that_message_never_the_caller() -> None:
         assert service.dropped == 2 and service.sent == 0
     finally:
         ctx.destroy(linger=0)
+
+
+def test_a_closed_sink_relays_nothing() -> None:
+    """A receiver's sink is closed as its engine ends: a batch it still carries out after
+    the relay said Gone opens no life for a replica without an engine."""
+    service = RelayService(Relay(random.Random(5)))
+    sink = service.sink()
+    sink.apply(R, bat(0))  # a batch before any start: a life of its own
+    assert service.relay.position(R) is not None
+    service.gone(R)
+    sink.close()
+    sink.apply(R, bat(1))
+    sink.clear(R)
+    assert service.relay.position(R) is None

@@ -24,7 +24,7 @@ import zmq
 
 from llmgw.agent.engines import kv_events
 from llmgw.agent.kvevents.receiver import serve_kv_receiver
-from llmgw.agent.kvevents.relay_serve import RelayService
+from llmgw.agent.kvevents.relay_serve import RelayService, RelaySink
 from llmgw.agent.kvevents.stream import Clear, Stream
 from llmgw.errors import LlmgwError
 from llmgw.model.engine import EngineSpec
@@ -44,10 +44,10 @@ class KvFeeds:
     def __init__(self, service: RelayService, ctx: zmq.Context[Any] | None = None) -> None:
         self.service = service
         self.ctx = ctx
-        self._scopes: dict[str, trio.CancelScope] = {}
+        self._feeds: dict[str, tuple[trio.CancelScope, RelaySink]] = {}
 
     def feeding(self) -> tuple[str, ...]:
-        return tuple(self._scopes)
+        return tuple(self._feeds)
 
     async def begin(self, nursery: trio.Nursery, spec: EngineSpec) -> None:
         """Start `spec`'s receiver in `nursery` when its engine publishes events: bound when
@@ -62,9 +62,9 @@ class KvFeeds:
         except LlmgwError as exc:
             log.warning("engine %s: no KV events: %s", rid, exc)
             return
-        scope = trio.CancelScope()
+        scope, sink = trio.CancelScope(), self.service.sink()
         try:
-            stream: Stream = await nursery.start(self._run, scope, rid, pub_port, replay)
+            stream: Stream = await nursery.start(self._run, scope, sink, rid, pub_port, replay)
         except zmq.ZMQError as exc:
             log.warning("engine %s: its KV events are not received (routers get none): "
                         "127.0.0.1:%d cannot be bound: %s", rid, pub_port, exc)
@@ -74,8 +74,7 @@ class KvFeeds:
             log.exception("engine %s: its KV-event receiver could not start", rid)
             self.service.gone(rid)
             return
-        self._scopes[rid] = scope
-        sink = self.service.sink()
+        self._feeds[rid] = (scope, sink)
         for action in stream.engine_started():
             if isinstance(action, Clear):
                 sink.clear(rid)
@@ -83,13 +82,18 @@ class KvFeeds:
     def end(self, replica: str, *, gone: bool = True) -> None:
         """End `replica`'s receiver (its engine exited or is no longer watched); with
         `gone`, the relay tells its routers so."""
-        scope = self._scopes.pop(replica, None)
-        if scope is not None:
+        feed = self._feeds.pop(replica, None)
+        if feed is not None:
+            scope, sink = feed
+            # Closed at once: a batch the receiver already holds, carried out before the
+            # cancel reaches it, must not open a life for a replica that has no engine.
+            sink.close()
             scope.cancel()
         if gone:
             self.service.gone(replica)
 
-    async def _run(self, scope: trio.CancelScope, rid: str, pub_port: int, replay: str,
+    async def _run(self, scope: trio.CancelScope, sink: RelaySink, rid: str, pub_port: int,
+                   replay: str,
                    task_status: trio.TaskStatus[Stream] = trio.TASK_STATUS_IGNORED) -> None:
         assert self.ctx is not None
         started = False
@@ -104,7 +108,7 @@ class KvFeeds:
             while True:
                 try:
                     await serve_kv_receiver(self.ctx, rid, pub_port, replay,
-                                            self.service.sink(),
+                                            sink,
                                             task_status=cast("trio.TaskStatus[Stream]", _Started(bound)))
                     return
                 except Exception as exc:

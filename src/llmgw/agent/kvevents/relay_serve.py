@@ -102,8 +102,15 @@ class RelaySink:
 
     def __init__(self, service: RelayService) -> None:
         self._service = service
+        self.closed = False
+
+    def close(self) -> None:
+        """Its receiver is ending: what it still carries out is dropped."""
+        self.closed = True
 
     def apply(self, replica: str, batch: Batch) -> None:
+        if self.closed:
+            return
         try:
             self._service.batch(replica, batch)
         except Exception:  # a bug costs this batch and the life it was in, not the receiver
@@ -112,6 +119,8 @@ class RelaySink:
             self.clear(replica)
 
     def clear(self, replica: str) -> None:
+        if self.closed:
+            return
         try:
             self._service.new_life(replica)
         except Exception:
