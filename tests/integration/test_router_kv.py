@@ -57,9 +57,14 @@ class FakeRelay:
         sock.curve_server = True
         sock.curve_secretkey = self.secret
         sock.curve_publickey = self.public
-        sock.bind(bind)
+        try:
+            sock.bind(bind)
+        except zmq.ZMQError:
+            sock.close()
+            raise
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.ts = TrioSocket(sock)
+        self.monitor = TrioSocket(sock.get_monitor_socket(zmq.EVENT_DISCONNECTED))
         self.follows: list[tuple[bytes, Follow]] = []
         self.seen = trio.Event()
 
@@ -82,6 +87,14 @@ class FakeRelay:
                     return ident
             self.seen = trio.Event()
             await self.seen.wait()
+
+    async def disconnected(self) -> None:
+        """Wait for a router's connection to close."""
+        await self.monitor.recv_multipart()
+
+    def close(self) -> None:
+        self.monitor.close()
+        self.ts.close()
 
     async def send(self, ident: bytes, *msgs: Message) -> None:
         for m in msgs:
@@ -108,7 +121,7 @@ async def relay(nursery: trio.Nursery) -> AsyncIterator[FakeRelay]:
         nursery.start_soon(r.run)
         yield r
     finally:
-        r.ts.close()
+        r.close()
         ctx.destroy(linger=0)
 
 
@@ -190,9 +203,10 @@ async def until(url: str, line: str, value: float) -> None:
             await trio.sleep(0.02)
 
 
-async def test_a_prompt_goes_where_its_prefix_is_held_until_a_new_life_clears_it(
+async def test_a_prompt_goes_where_its_prefix_is_held_a_new_life_clears_it_the_table_ends_it(
         engines: list[SimEngineProcess], relay: FakeRelay, nursery: trio.Nursery, tmp_path: Path) -> None:
-    url = await start(nursery, Source(table(engines, relay)), tmp_path, write_tokenizer(tmp_path / "tok"))
+    source = Source(table(engines, relay))
+    url = await start(nursery, source, tmp_path, write_tokenizer(tmp_path / "tok"))
     with trio.fail_after(10):
         router = await relay.follow({"r0": None, "r1": None})
     # r0 holds an unrelated prefix, r1 the prompt's: three blocks.
@@ -209,6 +223,15 @@ async def test_a_prompt_goes_where_its_prefix_is_held_until_a_new_life_clears_it
     await until(url, f'llmgw_router_kv_clears_total{{model="{MODEL}",why="life"}}', 3)
     await until(url, f'llmgw_router_kv_index_blocks{{model="{MODEL}"}}', 2)
     assert await served_by(engines, url, f"{PREFIX} w64") == [0]
+    # The table names the relay no more: the link closes, what it filled is cleared.
+    rows = table(engines, relay, version=2)
+    for row in rows["models"][MODEL]:
+        del row["kv"]
+    source.snap = rows
+    with trio.fail_after(10):
+        await relay.disconnected()
+    await until(url, f'llmgw_router_kv_clears_total{{model="{MODEL}",why="left"}}', 2)
+    await until(url, f'llmgw_router_kv_index_blocks{{model="{MODEL}"}}', 0)
 
 
 async def test_a_gap_asks_again_gone_waits_for_the_table_bad_frames_or_keys_cost_themselves(
@@ -297,13 +320,19 @@ async def test_an_agent_that_comes_back_is_followed_at_once(
         router = await relay.follow({"r0": None, "r1": None})
     await relay.send(router, Life("r0", 11, 0), Life("r1", 22, 0))
     await until(url, f'llmgw_router_kv_clears_total{{model="{MODEL}",why="life"}}', 2)
-    relay.ts.close()
+    relay.close()
     ctx: zmq.Context[Any] = zmq.Context()
-    again = FakeRelay(ctx, relay.endpoint, (relay.public, relay.secret))
     try:
+        with trio.fail_after(10):
+            while True:  # libzmq lets the address go in its own thread, a moment after close
+                try:
+                    again = FakeRelay(ctx, relay.endpoint, (relay.public, relay.secret))
+                    break
+                except zmq.ZMQError:
+                    await trio.sleep(0.01)
         nursery.start_soon(again.run)
         with trio.fail_after(relay_wire.FOLLOW_EVERY / 2):  # well before the heartbeat
             await again.follow({"r0": (11, 0), "r1": (22, 0)})
+        again.close()
     finally:
-        again.ts.close()
         ctx.destroy(linger=0)
