@@ -76,6 +76,19 @@ def test_read_tokenizer_reads_the_folder(tmp_path: Path) -> None:
     assert tok.encode_completion("w1 w2") == ids("w1 w2")
 
 
+def test_read_tokenizer_takes_the_template_files_too(tmp_path: Path) -> None:
+    folder = write_tokenizer(tmp_path / "t")
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (folder / "additional_chat_templates").mkdir()
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("tools: {{ tools | length }}")
+    (folder / "model.safetensors").write_bytes(b"not read")
+    tok = read_tokenizer(str(folder))
+    assert isinstance(tok, PromptTokenizer)
+    assert tok.render_chat([{"role": "user", "content": "w1 w2"}], now=datetime.now()) == "w1 w2"
+    assert tok.render_chat([{"role": "user", "content": "w1"}], now=datetime.now(),
+                           tools=[{"type": "function"}]) == "tools: 1"
+
+
 @pytest.mark.parametrize(("make", "why"), [
     (lambda p: p / "absent", "cannot read"),
     (lambda p: p, "no tokenizer.json"),
