@@ -104,7 +104,8 @@ class RouterKeys:
     """The public keys (z85) of every router key the server authorizes now: the routers
     this agent's KV-event relay may let in. The whole set each time (level-triggered), on
     Hello and whenever it changes; sent only to agents that advertised a relay in Hello
-    (NodeInfo.kv_relay), which know this message: an agent from before never gets one."""
+    (NodeInfo.kv_relay), which know this message: an agent from before never gets one.
+    Like every list on the wire, at most codec.MAX_ITEMS (4,096) router keys."""
 
     keys: tuple[str, ...] = ()
 
