@@ -101,7 +101,8 @@ function nodeRow(n) {
     el("td", {}, stateBadge(n.state)),
     el("td", {"data-field": "scheduling"}, sched.join(", ")),
     el("td", {"data-field": "heartbeat"}, age(n.heartbeat_age)),
-    el("td", {class: "mono"}, n.mgmt_addr),
+    el("td", {class: "mono"}, n.mgmt_addr, n.kv_relay   // where routers follow its engines' KV-cache events
+      ? el("div", {class: "muted", "data-field": "kv-relay"}, "KV relay " + n.kv_relay) : null),
     el("td", {}, fabrics || el("span", {class: "muted"}, "island")),
     gpus,
     el("td", {class: "mono"}, groups.length ? groups.map((gr) => "{" + gr.join(",") + "}").join(" ") : "—"),
