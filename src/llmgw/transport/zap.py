@@ -17,7 +17,7 @@ import trio
 import zmq
 
 from llmgw.logbound import Throttle, clip
-from llmgw.transport.keys import KeyInfo
+from llmgw.transport.keys import KeyInfo, KeyPair
 from llmgw.transport.zmqtrio import TrioSocket
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,22 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 BURST = 256  # ZAP requests answered per wake-up, at most
+
+
+def curve_server(sock: zmq.Socket[Any], pair: KeyPair) -> None:
+    """Make `sock` a CURVE server with `pair`, its clients checked by this module's ZAP
+    handler (domain "llmgw"), and its dead peers found by TCP keepalive: a connection
+    whose peer vanished (host down, network cut) is found by the kernel's probes, with no
+    ZMTP PING to every peer every few seconds (each a CURVE message each way through
+    libzmq's I/O thread: a quarter of its work at 2,000 agents on the server)."""
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+    sock.curve_server = True
+    sock.curve_secretkey = pair.secret_key
+    sock.curve_publickey = pair.public_key
+    sock.zap_domain = b"llmgw"
 
 
 def user_id(info: KeyInfo) -> str:

@@ -29,7 +29,7 @@ from llmgw.kvcache.events import Batch, KvEventError
 from llmgw.kvcache.relay_wire import FOLLOW_EVERY, MAX_FOLLOW, Follow, decode
 from llmgw.logbound import Throttle, clip
 from llmgw.transport.keys import KeyInfo, KeyPair
-from llmgw.transport.zap import serve_zap
+from llmgw.transport.zap import curve_server, serve_zap
 from llmgw.transport.zmqtrio import TrioSocket
 
 log = logging.getLogger(__name__)
@@ -156,14 +156,7 @@ async def serve_kv_relay(
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MSG)
         # A router whose host vanished is found by the kernel, as the server finds agents.
-        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
-        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
-        sock.curve_server = True
-        sock.curve_secretkey = pair.secret_key
-        sock.curve_publickey = pair.public_key
-        sock.zap_domain = b"llmgw"
+        curve_server(sock, pair)
         if "[" in bind:
             sock.setsockopt(zmq.IPV6, 1)
         try:

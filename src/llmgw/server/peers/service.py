@@ -31,7 +31,7 @@ from llmgw.server.web import serve_server_http
 from llmgw.transport import codec
 from llmgw.transport.keys import KeyInfo, load_authorized, load_pair
 from llmgw.transport.messages import NotLeader, Reply, Request
-from llmgw.transport.zap import serve_zap, user_id
+from llmgw.transport.zap import curve_server, serve_zap, user_id
 from llmgw.transport.zmqtrio import TrioSocket
 
 log = logging.getLogger(__name__)
@@ -207,19 +207,9 @@ async def serve_server(
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 1000)
             sock.setsockopt(zmq.RCVHWM, 100_000)
-            # A connection whose agent vanished (host down, network cut) is found by the
-            # kernel's keepalive probes: no ZMTP PING to every peer every few seconds,
-            # each one a CURVE message each way through libzmq's I/O thread (a quarter
-            # of its work at 2,000 agents). The agents' own silence is the node's story
-            # (suspect, lost); this only gives back the connection's memory.
-            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 10)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
-            sock.curve_server = True
-            sock.curve_secretkey = pair.secret_key
-            sock.curve_publickey = pair.public_key
-            sock.zap_domain = b"llmgw"
+            # Keepalive finds a vanished agent's connection: the agents' own silence is
+            # the node's story (suspect, lost); this only gives back the connection's memory.
+            curve_server(sock, pair)
             try:
                 sock.bind(config.bind)
             except zmq.ZMQError as exc:
