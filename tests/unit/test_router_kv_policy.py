@@ -250,15 +250,18 @@ async def test_a_burst_follows_the_first_choice_by_speculation(tmp_path: Path) -
     assert pick(kv, km, k, pool(0, 0, 1), 12.5, 2.0, ()).replica_id == "r0"  # expired
 
 
-async def test_one_replica_or_none_eligible_is_the_pools_own_answer(tmp_path: Path) -> None:
+async def test_one_eligible_replica_is_chosen_with_its_prediction_counted(tmp_path: Path) -> None:
+    """No choice, but the predicted hits are counted still (a model of one replica has its
+    predicted hit rate beside the engine's own); none eligible is the pool's own answer."""
     kv = routing(tmp_path)
     km = kv.models["m"]
     km.index.apply("r1", stored(PREFIX))
     _, k = await keys(kv, PREFIX)
     p = pool(0, 0)
     assert pick(kv, km, k, p, 0.0, 2.0, (p.replicas[0],)) is p.replicas[1]
+    assert (km.routed, km.hit_blocks, km.prompt_blocks) == (1, 3, 3)
     assert kv.choose(km, k, p, 0.0, 2.0, tuple(p.replicas)) is None
-    assert km.routed == 0
+    assert km.routed == 1
 
 
 async def test_metrics_say_the_predicted_hits_and_the_index(tmp_path: Path) -> None:

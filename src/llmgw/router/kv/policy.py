@@ -206,12 +206,15 @@ class KvRouting:
         """The replica for a request whose keys are `keys`; its blocks are then speculated
         on it."""
         cands = [r for r in pool.replicas if r.eligible(now) and r not in exclude]
-        if len(cands) < 2:  # none (the least bad ejected one, if any) or one: no choice
+        if not cands:  # the least bad ejected one, if any
             return pool.choose(now, stale_after, None, exclude)
-        loads = {r.replica_id: r.score(now, stale_after) for r in cands}
         matched = km.index.match(keys, now)
-        chosen = score.choose(matched, len(keys), loads, km.weight)
-        r = next(c for c in cands if c.replica_id == chosen)
+        if len(cands) == 1:  # no choice, but the prediction is still counted
+            r = cands[0]
+        else:
+            loads = {r.replica_id: r.score(now, stale_after) for r in cands}
+            chosen = score.choose(matched, len(keys), loads, km.weight)
+            r = next(c for c in cands if c.replica_id == chosen)
         km.routed += 1
         km.prompt_blocks += len(keys)
         km.hit_blocks += min(matched.get(r.replica_id, 0), len(keys))
