@@ -5,6 +5,7 @@ time to first token.
 
     .venv/bin/python bench/kv_routing.py                     # every arm that can run here
     .venv/bin/python bench/kv_routing.py --arms llmgw:least_outstanding,llmgw:kv_aware --json kv.json
+    .venv/bin/python bench/kv_routing.py --arms llmgw:kv_aware@0.02,llmgw:kv_aware@0.05   # kv_weight
 
 Needs the real-engine tier's vLLM venv (tests/real_engine/install_vllm.sh, .ci-vllm-venv)
 and, for the peers' arms, a venv with `vllm-router` and `sglang-router` from PyPI
@@ -14,8 +15,8 @@ sglang-router`); arms whose router is missing are listed as skipped, with why.
 Workloads (seeded; words drawn from a fixed list, so the token counts are the tokenizer's):
 - (a) `docs`: 16 long documents x 12 questions each, shuffled, 4 clients at once:
   completions, prompt = document + question.
-- (b) `chat`: 8 users sharing a system prompt, each with a private context, 5 turns with
-  the whole history (the engine's own answers included), the 8 users at once:
+- (b) `chat`: 12 users sharing a system prompt, each with a private context, 5 turns with
+  the whole history (the engine's own answers included), the 12 users at once:
   chat completions.
 Both ask `max_tokens` 8 with `ignore_eos` (every answer the same length) and stream.
 
@@ -58,12 +59,18 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "real_engine")]
 
 BLOCK = 32  # tokens a KV block holds (the CPU build wants a multiple of 32)
 MAX_LEN = 4096
-GPU_BLOCKS = 192  # per engine: 6,144 tokens, about five of the sixteen documents
+GPU_BLOCKS = 400  # per engine: 12,800 tokens, under the working set of either workload (about 21,000)
 ANSWER_TOKENS = 8
 ARMS = ("llmgw:least_outstanding", "llmgw:prefix_affinity", "llmgw:kv_aware",
         "vllm-router:round_robin", "vllm-router:cache_aware", "vllm-router:kv_aware",
         "sglang-router:cache_aware")
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+# The CPU build binds each engine's OpenMP thread to a core it picks itself ("auto": core 0
+# for both engines here, each reserving core 1): two engines busy at once then share one
+# core, spinning on each other, and a request stalls for seconds (seen: 1-7 s, while the
+# same requests to one engine at a time take 0.1 s). Unbound, passive threads: the
+# kernel shares the two cores between them.
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
+              "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_WAIT_POLICY": "PASSIVE"}
 ENGINE_ARGS = ["--max-model-len", str(MAX_LEN), "--enforce-eager", "--dtype", "float32",
                "--block-size", str(BLOCK), "--num-gpu-blocks-override", str(GPU_BLOCKS)]
 READY_TIMEOUT = 600.0
@@ -90,12 +97,13 @@ def docs_workload(seed: int) -> list[list[dict[str, Any]]]:
 
 
 def chat_workload(seed: int) -> list[list[dict[str, Any]]]:
-    """8 users, a shared system prompt, a private context each, 5 turns: one session per
-    user (its turns in order, each carrying the history)."""
+    """12 users, a shared system prompt, a private context each, 5 turns: one session per
+    user (its turns in order, each carrying the history). All the users' histories at
+    their end are about 30,000 tokens: more than one engine holds, less than two."""
     rng = random.Random(seed + 1)
     system = "You are a helpful assistant. " + _text(rng, 140)
     users = []
-    for u in range(8):
+    for u in range(12):
         context = f"User {u} context: " + _text(rng, 220)
         turns = [f"Turn {t}: {_text(rng, 10)}?" for t in range(5)]
         users.append([{"system": system, "context": context, "turn": t, "question": q}
@@ -271,7 +279,9 @@ def score(before: list[tuple[float, float]], after: list[tuple[float, float]],
         return round(t[min(len(t) - 1, int(p * len(t)))] * 1000, 1) if t else -1.0
 
     return {"hit_rate": round(hits / queries, 4) if queries else 0.0, "hit_tokens": int(hits),
-            "query_tokens": int(queries), "ttft_p50_ms": pct(0.5), "ttft_p90_ms": pct(0.9),
+            "query_tokens": int(queries),
+            # how the prompts' tokens were split between the engines (balance)
+            "per_engine": [int(a[1] - b[1]) for a, b in zip(after, before, strict=True)], "ttft_p50_ms": pct(0.5), "ttft_p90_ms": pct(0.9),
             "requests": len(ttfts), "seconds": round(seconds, 1)}
 
 
@@ -292,10 +302,29 @@ def measure(base: str, engines: list[tuple[str, str]], workloads: dict[str, Any]
 
 
 def warm(base: str) -> None:
-    """One short request first: the first forward pass of an engine is slow."""
+    """A few short requests through a router first (its connections, its tables)."""
     for _ in range(4):
         stream(base, "/v1/completions", {"model": "tiny", "prompt": "warm up", "max_tokens": 2,
                                          "stream": True})
+
+
+def warm_engines(engines: list[tuple[str, str]], seed: int) -> None:
+    """Each engine straight, before any arm: prompts of the workloads' lengths, a few at
+    once. The CPU build's first forward passes at a new shape are slow (seconds: its
+    kernels are set up then); left to the first arm, a replica stuck on them for its
+    first requests takes no more while the other serves the rest, whatever the policy."""
+    rng = random.Random(seed + 100)
+    bodies = [{"model": "tiny", "prompt": _text(rng, words), "max_tokens": ANSWER_TOKENS,
+               "ignore_eos": True, "stream": True}
+              for words in (10, 60, 250, 250, 400, 600, 800, 250)]
+
+    def one(url: str, key: str, body: dict[str, Any]) -> None:
+        stream(url, "/v1/completions", body, {"authorization": f"Bearer {key}"} if key else None)
+
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(2):
+            for f in [pool.submit(one, u, k, b) for u, k in engines for b in bodies]:
+                f.result()
 
 
 def llmgw_arms(arms: list[str], model: Path, vllm: Path, root: Path, workloads: dict[str, Any]
@@ -309,7 +338,9 @@ def llmgw_arms(arms: list[str], model: Path, vllm: Path, root: Path, workloads: 
     c = Cluster(root / "llmgw", heartbeat="1s", lost_after="60s")
     try:
         c.start_server()
-        c.start_agent("cpu-1", **vllm_agent(vllm, pcie_box(root / "smi")))
+        # The test cluster's agents relay no KV events unless given a port (several agents
+        # share one host there): this one does.
+        c.start_agent("cpu-1", **vllm_agent(vllm, pcie_box(root / "smi")), kv_relay_port=free_port())
         c.wait_states({"cpu-1": "ready"}, timeout=60)
         c.apply("tiny", (f"name: tiny\nmodel: {model}\nengine: vllm\ngpus_per_node: 1\nreplicas: 2\n"
                          f"served_name: tiny\nkv_events: true\nstartup_timeout: {int(READY_TIMEOUT)}s\n"
@@ -318,12 +349,15 @@ def llmgw_arms(arms: list[str], model: Path, vllm: Path, root: Path, workloads: 
              READY_TIMEOUT, "two ready vLLM replicas")
         engines = [(str(r["endpoint"]), "") for r in c.replicas().values()]
         engines = [(u, url_key(u)) for u, _ in engines]
+        warm_engines(engines, 0)
         for arm in arms:
-            policy = arm.split(":", 1)[1]
+            policy, _, weight = arm.split(":", 1)[1].partition("@")
             extra = f'metrics_interval = "250ms"\n[models.tiny]\npolicy = "{policy}"\n'
             if policy == "kv_aware":
                 extra += f'tokenizer = "{model}"\n'
-            router, port = c.start_router(f"r-{policy}", extra=extra)
+                if weight:
+                    extra += f"kv_weight = {float(weight)}\n"
+            router, port = c.start_router(f"r-{policy}{weight}", extra=extra)
             base = f"http://127.0.0.1:{port}"
             try:
                 wait(functools.partial(_lists, base), 60, f"router {arm} lists the model")
@@ -397,6 +431,7 @@ def peer_arms(arms: list[str], model: Path, vllm: Path, peers: Path, root: Path,
                            f"tcp://127.0.0.1:{replay}"))
         for url, _ in engines:
             wait(functools.partial(_healthy, url), READY_TIMEOUT, f"engine {url} ready")
+        warm_engines(engines, 0)
         urls = [u for u, _ in engines]
         for arm in runnable:
             name, policy = arm.split(":", 1)
@@ -453,13 +488,13 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     a = ap.parse_args()
     arms = [x for x in a.arms.split(",") if x]
-    unknown = [x for x in arms if x not in ARMS]
+    unknown = [x for x in arms if x.partition("@")[0] not in ARMS]
     if unknown:
         raise SystemExit(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     vllm = Path(a.vllm_venv)
     if not (vllm / "bin" / "vllm").exists():
         raise SystemExit(f"no vLLM at {vllm}/bin/vllm: tests/real_engine/install_vllm.sh makes one")
-    all_workloads = {"docs": (docs_workload(a.seed), 4), "chat": (chat_workload(a.seed), 8)}
+    all_workloads = {"docs": (docs_workload(a.seed), 4), "chat": (chat_workload(a.seed), 12)}
     workloads = {k: all_workloads[k] for k in a.workloads.split(",")}
     root = Path(tempfile.mkdtemp(prefix="llmgw-kvbench-"))
     print(f"work folder {root}", flush=True)
