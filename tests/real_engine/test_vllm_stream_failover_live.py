@@ -30,7 +30,7 @@ from llmgw.router.service import serve_router
 pytestmark = pytest.mark.real_engine
 
 MODEL = "tiny"
-TOKENS = 300  # with ignore_eos: long enough to be cut mid-way on this machine
+TOKENS = 1500  # with ignore_eos: still being generated after CUT_AFTER events (max-model-len 2048)
 CUT_AFTER = 10  # events the client reads before the engine is killed
 
 
@@ -89,6 +89,8 @@ def _cut_stream(router: int, engines: list[tuple[trio.Process, str]]) -> tuple[l
 
     def each(got: list[Any]) -> None:
         if len(got) == CUT_AFTER:
+            # Still generating: killed mid-answer, not after it (the router may hold the
+            # rest already when the engine has finished).
             busy = [i for i, (_, url) in enumerate(engines) if _running(url) >= 1]
             assert len(busy) == 1, busy
             killed[0] = busy[0]
@@ -118,7 +120,7 @@ async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, ti
             log = (tmp_path / f"engine-{i}.log").open("wb")
             logs.append(log)
             argv = [str(vllm_venv / "bin" / "vllm"), "serve", str(tiny_model), "--host", "127.0.0.1",
-                    "--port", str(port), "--served-model-name", MODEL, "--max-model-len", "512",
+                    "--port", str(port), "--served-model-name", MODEL, "--max-model-len", "2048",
                     "--enforce-eager", *DTYPE]
             procs.append(await trio.lowlevel.open_process(argv, env=env, cwd=tmp_path, stdout=log,
                                                           stderr=subprocess.STDOUT, start_new_session=True))
@@ -181,6 +183,136 @@ async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, ti
         assert counts == sorted(counts) and 0 < counts[-1] <= 30
         print(f"chat continuation: prompt {objs[-1]['usage']['prompt_tokens']} tokens "
               f"(the original's + the {s.sent_tokens} sent, as re-tokenized)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                with trio.move_on_after(30):
+                    await p.wait()
+        for log in logs:
+            log.close()
+
+
+STREAMS = 6  # at once, spread over the engines by the router
+
+
+def _load(router: int, urls: list[str], victim: Callable[[], None]) -> list[list[Any]]:
+    """STREAMS greedy streams at once through the router; `victim()` kills an engine once
+    every stream has read CUT_AFTER events. Returns each stream's events."""
+    import threading
+    ready = threading.Barrier(STREAMS + 1)
+    out: list[list[Any]] = [[] for _ in range(STREAMS)]
+    reached = [False] * STREAMS
+
+    def one(i: int) -> None:
+        body = {"model": MODEL, "prompt": f"Story number {i}:", "max_tokens": TOKENS, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+
+        def each(got: list[Any]) -> None:
+            if len(got) == CUT_AFTER and not reached[i]:
+                reached[i] = True
+                ready.wait(timeout=120)
+
+        try:
+            out[i] = _stream(router, "/v1/completions", body, each)
+        finally:
+            if not reached[i]:
+                ready.abort()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(STREAMS)]
+    for t in threads:
+        t.start()
+    ready.wait(timeout=120)  # every stream is mid-way
+    victim()
+    for t in threads:
+        t.join(timeout=300)
+    return out
+
+
+def _whole(events: list[Any]) -> bool:
+    objs = [e for e in events if isinstance(e, dict)]
+    usage = [e["usage"] for e in objs if e.get("usage")]
+    return (bool(events) and events[-1] == "[DONE]" and not [e for e in objs if "error" in e]
+            and len({e["id"] for e in objs}) == 1 and len(usage) == 1
+            and usage[0]["completion_tokens"] == TOKENS)
+
+
+async def test_streams_under_load_cut_before_and_whole_after(vllm_venv: Path, tiny_model: Path,
+                                                             tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Three engines, STREAMS streams at once through a router: one engine SIGKILLed
+    mid-way with failover off (failover_migrations = 0), then another with it on. Off, the
+    killed engine's streams end with an error event; on, every stream is whole (one id,
+    one usage of every token asked for, one [DONE])."""
+    from llmgw.config.router import ModelRouteConfig
+
+    env = {**os.environ, **ENGINE_ENV}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    procs: list[trio.Process] = []
+    logs = []
+    urls: list[str] = []
+    try:
+        for i in range(3):
+            port = free_port()
+            log = (tmp_path / f"engine-{i}.log").open("wb")
+            logs.append(log)
+            argv = [str(vllm_venv / "bin" / "vllm"), "serve", str(tiny_model), "--host", "127.0.0.1",
+                    "--port", str(port), "--served-model-name", MODEL, "--max-model-len", "2048",
+                    "--enforce-eager", *DTYPE]
+            procs.append(await trio.lowlevel.open_process(argv, env=env, cwd=tmp_path, stdout=log,
+                                                          stderr=subprocess.STDOUT, start_new_session=True))
+            urls.append(f"http://127.0.0.1:{port}")
+        with trio.fail_after(READY_TIMEOUT):
+            for i, url in enumerate(urls):
+                while await trio.to_thread.run_sync(_get, url + "/health") is None:
+                    assert procs[i].poll() is None, (tmp_path / f"engine-{i}.log").read_text()[-3000:]
+                    await trio.sleep(1)
+        snap = {"version": 1, "models": {MODEL: [{"replica_id": f"r{i}", "url": u, "ready": True}
+                                                 for i, u in enumerate(urls)]}}
+        cut: dict[str, int] = {}
+        for phase, migrations in (("off", 0), ("on", 1)):
+            cfg = RouterConfig(server="tcp://127.0.0.1:1",
+                               keys=RouterKeysConfig(secret_key="", server_key=""),
+                               bind="127.0.0.1:0", first_byte_timeout=120, failover_timeout=120,
+                               models={MODEL: ModelRouteConfig(failover_migrations=migrations)})
+            scope = trio.CancelScope()
+
+            async def run(task_status: trio.TaskStatus[Any], cfg: RouterConfig = cfg,
+                          scope: trio.CancelScope = scope) -> None:
+                with scope:
+                    await serve_router(cfg, table_source=_Source(snap), task_status=task_status)
+
+            _, router = await nursery.start(run)
+            await trio.sleep(0.2)  # the first table poll
+            killed: list[int] = []
+            alive = [i for i, p in enumerate(procs) if p.poll() is None]
+
+            def victim(killed: list[int] = killed, alive: list[int] = alive) -> None:
+                # The engine generating the most of the streams now.
+                running = {e: _running(urls[e]) for e in alive}
+                busy = max(running, key=running.__getitem__)
+                assert running[busy] >= 1, running
+                killed.append(busy)
+                os.killpg(procs[busy].pid, signal.SIGKILL)
+
+            streams = await trio.to_thread.run_sync(_load, router, urls, victim)
+            metrics = await trio.to_thread.run_sync(_get, f"http://127.0.0.1:{router}/metrics") or ""
+            scope.cancel()  # this phase's router
+            resumed = sum(float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines()
+                          if ln.startswith("llmgw_router_stream_failovers_total{")
+                          and 'outcome="resumed"' in ln)
+            # Off, nothing is resumed; on, the killed engine's streams went on elsewhere.
+            assert (resumed == 0) if phase == "off" else (resumed >= 1), metrics
+            with trio.fail_after(30):
+                await procs[killed[0]].wait()
+            cut[phase] = sum(not _whole(s) for s in streams)
+            if phase == "off":
+                assert cut[phase] >= 1  # the killed engine had streams, and they were cut
+                for s in streams:
+                    if not _whole(s):
+                        assert any(isinstance(e, dict) and "error" in e for e in s), s[-3:]
+        assert cut["on"] == 0, cut
+        print(f"{STREAMS} streams, an engine SIGKILLed mid-way: cut with failover off "
+              f"{cut['off']}, on {cut['on']}")
     finally:
         for p in procs:
             if p.poll() is None:
