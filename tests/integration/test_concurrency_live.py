@@ -19,7 +19,7 @@ from fakes.engine_keys import auth, url_key
 from fakes.live import Cluster, simulated, wait_for
 from fakes.web import Reply, post
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # three routers and their lease windows: .ci/run -m live_long
 
 HAMMER = 15.0  # seconds
 BODY = {"model": "org/a", "prompt": "p", "max_tokens": 2}

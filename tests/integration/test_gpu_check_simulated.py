@@ -20,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # a whole GPU check end to end (about a minute): .ci/run -m live_long
 
 
 def test_simulated_check_passes_every_step_and_writes_its_figures(tmp_path: Path) -> None:

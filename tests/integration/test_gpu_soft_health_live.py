@@ -20,7 +20,7 @@ import pytest
 
 from fakes.live import LLMGW, Cluster, Proc, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out GPU health windows: .ci/run -m live_long
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "nvml_file"
 NODE = "g1"

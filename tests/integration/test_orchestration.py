@@ -19,7 +19,7 @@ from fakes.live import Cluster, Proc, engine_pids, wait_for
 from fakes.nvidia_smi import pcie_box
 from fakes.sysfs import add_hca
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.live_long]  # waits out loss and restart windows: .ci/run -m live_long
 
 
 def _answers(url: str) -> bool:
