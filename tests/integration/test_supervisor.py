@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -243,7 +244,10 @@ async def test_not_ready_in_time_is_failed_then_stopped(tmp_path: Path, prefix: 
         await sup.apply((s,))
         await reports.wait(s.replica_id, EngineState.FAILED, timeout=10)
         r = await reports.wait(s.replica_id, EngineState.EXITED, timeout=10)
-        assert "not ready within 1s" in r.reason
+        # The reason gives the time it took, rounded: 1 s as asked, more when the check came
+        # late on a loaded machine (seen: "not ready within 2s (no progress for 1s)").
+        took = re.search(r"not ready within (\d+)s", r.reason)
+        assert took is not None and int(took.group(1)) >= 1, r.reason
         assert [x.state for x in reports.seen] == [
             EngineState.STARTING, EngineState.FAILED, EngineState.STOPPING, EngineState.EXITED]
         assert [x.state for x in sup.reports()] == [EngineState.EXITED]
