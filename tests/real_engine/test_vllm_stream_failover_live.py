@@ -14,7 +14,8 @@ import os
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,23 +100,17 @@ def _cut_stream(router: int, engines: list[tuple[trio.Process, str]]) -> tuple[l
     return _stream(router, "/v1/completions", body, each), killed[0]
 
 
-class _Source:
-    def __init__(self, snap: dict[str, Any]) -> None:
-        self.snap = snap
-
-    async def __call__(self, since: int) -> dict[str, Any]:
-        return self.snap
-
-
-async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, tiny_model: Path,
-                                                           tmp_path: Path, nursery: trio.Nursery) -> None:
+@asynccontextmanager
+async def _engines(n: int, vllm_venv: Path, tiny_model: Path, tmp_path: Path
+                   ) -> AsyncIterator[tuple[list[trio.Process], list[str]]]:
+    """`n` vLLM engines serving the tiny Llama, ready; every one killed by its pid at the end."""
     env = {**os.environ, **ENGINE_ENV}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     procs: list[trio.Process] = []
     logs = []
-    urls = []
+    urls: list[str] = []
     try:
-        for i in range(2):
+        for i in range(n):
             port = free_port()
             log = (tmp_path / f"engine-{i}.log").open("wb")
             logs.append(log)
@@ -130,6 +125,28 @@ async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, ti
                 while await trio.to_thread.run_sync(_get, url + "/health") is None:
                     assert procs[i].poll() is None, (tmp_path / f"engine-{i}.log").read_text()[-3000:]
                     await trio.sleep(1)
+        yield procs, urls
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                with trio.move_on_after(30):
+                    await p.wait()
+        for log in logs:
+            log.close()
+
+
+class _Source:
+    def __init__(self, snap: dict[str, Any]) -> None:
+        self.snap = snap
+
+    async def __call__(self, since: int) -> dict[str, Any]:
+        return self.snap
+
+
+async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, tiny_model: Path,
+                                                           tmp_path: Path, nursery: trio.Nursery) -> None:
+    async with _engines(2, vllm_venv, tiny_model, tmp_path) as (procs, urls):
         cfg = RouterConfig(server="tcp://127.0.0.1:1", keys=RouterKeysConfig(secret_key="", server_key=""),
                            bind="127.0.0.1:0", first_byte_timeout=120, failover_timeout=120)
         snap = {"version": 1, "models": {MODEL: [{"replica_id": f"r{i}", "url": u, "ready": True}
@@ -183,14 +200,6 @@ async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, ti
         assert counts == sorted(counts) and 0 < counts[-1] <= 30
         print(f"chat continuation: prompt {objs[-1]['usage']['prompt_tokens']} tokens "
               f"(the original's + the {s.sent_tokens} sent, as re-tokenized)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                with trio.move_on_after(30):
-                    await p.wait()
-        for log in logs:
-            log.close()
 
 
 STREAMS = 6  # at once, spread over the engines by the router
@@ -245,27 +254,7 @@ async def test_streams_under_load_cut_before_and_whole_after(vllm_venv: Path, ti
     one usage of every token asked for, one [DONE])."""
     from llmgw.config.router import ModelRouteConfig
 
-    env = {**os.environ, **ENGINE_ENV}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    procs: list[trio.Process] = []
-    logs = []
-    urls: list[str] = []
-    try:
-        for i in range(3):
-            port = free_port()
-            log = (tmp_path / f"engine-{i}.log").open("wb")
-            logs.append(log)
-            argv = [str(vllm_venv / "bin" / "vllm"), "serve", str(tiny_model), "--host", "127.0.0.1",
-                    "--port", str(port), "--served-model-name", MODEL, "--max-model-len", "2048",
-                    "--enforce-eager", *DTYPE]
-            procs.append(await trio.lowlevel.open_process(argv, env=env, cwd=tmp_path, stdout=log,
-                                                          stderr=subprocess.STDOUT, start_new_session=True))
-            urls.append(f"http://127.0.0.1:{port}")
-        with trio.fail_after(READY_TIMEOUT):
-            for i, url in enumerate(urls):
-                while await trio.to_thread.run_sync(_get, url + "/health") is None:
-                    assert procs[i].poll() is None, (tmp_path / f"engine-{i}.log").read_text()[-3000:]
-                    await trio.sleep(1)
+    async with _engines(3, vllm_venv, tiny_model, tmp_path) as (procs, urls):
         snap = {"version": 1, "models": {MODEL: [{"replica_id": f"r{i}", "url": u, "ready": True}
                                                  for i, u in enumerate(urls)]}}
         cut: dict[str, int] = {}
@@ -313,11 +302,3 @@ async def test_streams_under_load_cut_before_and_whole_after(vllm_venv: Path, ti
         assert cut["on"] == 0, cut
         print(f"{STREAMS} streams, an engine SIGKILLed mid-way: cut with failover off "
               f"{cut['off']}, on {cut['on']}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                with trio.move_on_after(30):
-                    await p.wait()
-        for log in logs:
-            log.close()
