@@ -92,8 +92,11 @@ def _cut_stream(router: int, engines: list[tuple[trio.Process, str]]) -> tuple[l
         if len(got) == CUT_AFTER:
             # Still generating: killed mid-answer, not after it (the router may hold the
             # rest already when the engine has finished).
+            # Only while it still generates: the tiny model can finish before vLLM's gauge
+            # says so, and then there is nothing to cut (the caller tries again).
             busy = [i for i, (_, url) in enumerate(engines) if _running(url) >= 1]
-            assert len(busy) == 1, busy
+            if len(busy) != 1:
+                return
             killed[0] = busy[0]
             os.killpg(engines[busy[0]][0].pid, signal.SIGKILL)
 
@@ -154,8 +157,11 @@ async def test_a_killed_engine_s_stream_goes_on_on_the_other(vllm_venv: Path, ti
         _, router = await nursery.start(
             lambda task_status: serve_router(cfg, table_source=_Source(snap), task_status=task_status))
         await trio.sleep(0.2)  # the first table poll
-        events, killed = await trio.to_thread.run_sync(
-            _cut_stream, router, list(zip(procs, urls, strict=True)))
+        for _ in range(5):
+            events, killed = await trio.to_thread.run_sync(
+                _cut_stream, router, list(zip(procs, urls, strict=True)))
+            if killed >= 0:
+                break
         assert killed >= 0
         with trio.fail_after(30):
             await procs[killed].wait()
@@ -279,11 +285,16 @@ async def test_streams_under_load_cut_before_and_whole_after(vllm_venv: Path, ti
                 # The engine generating the most of the streams now.
                 running = {e: _running(urls[e]) for e in alive}
                 busy = max(running, key=running.__getitem__)
-                assert running[busy] >= 1, running
+                if running[busy] < 1:
+                    return  # finished already, or not yet counted: the phase tries again
                 killed.append(busy)
                 os.killpg(procs[busy].pid, signal.SIGKILL)
 
-            streams = await trio.to_thread.run_sync(_load, router, urls, victim)
+            for _ in range(5):
+                streams = await trio.to_thread.run_sync(_load, router, urls, victim)
+                if killed:
+                    break
+            assert killed, "no engine was still generating when the streams were mid-way"
             metrics = await trio.to_thread.run_sync(_get, f"http://127.0.0.1:{router}/metrics") or ""
             scope.cancel()  # this phase's router
             resumed = sum(float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines()
